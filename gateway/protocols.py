@@ -1,0 +1,67 @@
+"""Request schemas the ingress checks before routing.
+
+Only the fields the gateway acts on are typed here (model, the routed input, seed,
+stream, activation flags); everything else is passed to vLLM untouched and vLLM's own
+validation answers for it (its 400 is passed through). Types are strict: a seed of
+``"5"`` is a 422, not silently another request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+TokenIds = list[StrictInt]
+PromptInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr | None = Field(default=None, description="Served model name; optional "
+                                    "when exactly one model of this kind is served.")
+
+
+class ChatCompletionRequest(_Open):
+    """OpenAI chat completion, as vLLM serves it."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    seed: StrictInt | None = Field(default=None, description="Sampling seed; derived from the "
+                                   "request when absent (seed policy 'derive').")
+    stream: StrictBool | None = False
+
+
+class CompletionRequest(_Open):
+    """OpenAI (legacy) completion, as vLLM serves it."""
+
+    prompt: PromptInput
+    seed: StrictInt | None = None
+    stream: StrictBool | None = False
+
+
+class ClassifyRequest(_Open):
+    """vLLM's /classify and /pooling body. A list ``input`` is split into one engine
+    request per item; ``activation`` and ``softmax`` are accepted as synonyms of
+    ``use_activation``."""
+
+    input: PromptInput | None = None
+    messages: list[dict[str, Any]] | None = None
+    use_activation: StrictBool | None = None
+    activation: StrictBool | None = None
+    softmax: StrictBool | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "rmgate"
+    kind: str
+    determinism: str
+    slots: int
+    seed_policy: str | None = None
+    fingerprints: list[str | None] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
