@@ -1,0 +1,23 @@
+"""Shared fixtures: the demo models, built once per checkout (byte-identical builds)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models" / "demo"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def demo_models() -> Path:
+    from deployments.demo_models import build_demo_models, demo_models_present
+
+    if not demo_models_present(MODELS):
+        build_demo_models(MODELS)
+    return MODELS

@@ -1,0 +1,117 @@
+"""The HTTP contract against the real gateway: schemas, headers, errors, engine restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+
+from gateway.hashing import slot_for_key
+from gateway.keys import request_key
+
+pytestmark = pytest.mark.integration
+
+CHAT = {"model": "judge", "messages": [{"role": "user", "content": "Is 2+3=5 right?"}],
+        "max_tokens": 6}
+
+
+def test_chat_response_parses_as_openai_and_carries_headers(gateway):
+    url, _ = gateway
+    r = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=120)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    ChatCompletion(**r.json())
+    for h in ("x-rmgate-key", "x-rmgate-slot", "x-rmgate-seed", "x-rmgate-fingerprint"):
+        assert r.headers[h]
+    assert "mode=serialize" in r.headers["x-rmgate-fingerprint"]
+    assert "device=cpu" in r.headers["x-rmgate-fingerprint"]
+
+
+def test_openai_client_with_and_without_seed(gateway):
+    url, _ = gateway
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model="judge", messages=CHAT["messages"], max_tokens=6, temperature=1.0)
+    assert client.chat.completions.create(**kw).choices[0].message.content == \
+        client.chat.completions.create(**kw).choices[0].message.content
+    a = client.chat.completions.create(seed=5, **kw)
+    b = client.chat.completions.create(seed=5, **kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_models_list(gateway):
+    url, _ = gateway
+    data = httpx.get(url + "/v1/models", timeout=30).json()
+    cards = {m["id"]: m for m in data["data"]}
+    assert data["object"] == "list"
+    assert cards["judge"]["kind"] == "generative" and cards["judge"]["slots"] == 2
+    assert cards["rm"]["kind"] == "discriminative" and cards["rm"]["determinism"] == "serialize"
+    assert all(fp and "model=" in fp for fp in cards["rm"]["fingerprints"])
+
+
+@pytest.mark.parametrize("path,content,status", [
+    ("/classify", b"{not json", 400),
+    ("/classify", b'{"model": "nope", "input": "x"}', 404),
+    ("/classify", b'{"input": 5}', 422),
+    ("/v1/chat/completions", b'{"model": "judge", "messages": [{"role": "user", '
+                             b'"content": "a"}], "max_tokens": -1}', 400),  # engine's 400
+    ("/v1/chat/completions", b'{"model": "judge", "messages": [{"role": "user", '
+                             b'"content": "a"}], "max_tokens": 100000}', 400),  # engine's 400
+    ("/v1/nothing", b"{}", 404),
+])
+def test_errors_are_json_with_the_right_status(gateway, path, content, status):
+    url, _ = gateway
+    r = httpx.post(url + path, content=content, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["message"]
+
+
+def test_oversize_body_is_413(gateway):
+    url, _ = gateway
+    r = httpx.post(url + "/classify", json={"input": "x" * (9 * 1024 * 1024)}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def _engine_launcher_pid(port: int) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"deployments.engine_launcher" in cmd and str(port).encode() in cmd:
+                return int(entry.name)
+    raise LookupError(port)
+
+
+def test_dead_engine_is_restarted_and_answers_the_same(gateway):
+    """Kill slot 1's engine: the health check restarts the replica, the request for that
+    slot waits for it (it never moves to slot 0), and the answer has the same bits."""
+    url, _ = gateway
+    body = next(b for b in ({**CHAT, "seed": s} for s in range(100))
+                if slot_for_key(request_key("/v1/chat/completions", b), 2) == 1)
+    before = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert before.headers["x-rmgate-slot"] == "1"
+    old_fp = httpx.get(url + "/v1/models", timeout=30).json()
+    engine_dir = Path(os.environ.get("RMGATE_TEST_ENGINE_LOGS", ""))
+    logs = sorted(engine_dir.glob("judge-1-*.log"))
+    assert logs, f"no engine log for judge-1 under {engine_dir}"
+    port = int(logs[-1].stem.rsplit("-", 1)[1])
+    os.killpg(_engine_launcher_pid(port), signal.SIGKILL)
+    t0 = time.monotonic()
+    after = httpx.post(url + "/v1/chat/completions", json=body, timeout=400)
+    assert after.status_code == 200, after.text
+    assert after.headers["x-rmgate-slot"] == "1"
+    assert after.json()["choices"][0]["message"]["content"] == \
+        before.json()["choices"][0]["message"]["content"]
+    assert len(sorted(engine_dir.glob("judge-1-*.log"))) == len(logs) + 1, \
+        "slot 1 should run on a new engine"
+    print(f"slot 1 answered again {time.monotonic() - t0:.0f}s after its engine was killed")
+    assert old_fp  # the fingerprints survive the restart (same build, same model)
+    assert httpx.get(url + "/v1/models", timeout=30).json() == old_fp

@@ -1,0 +1,92 @@
+"""The control: without the gateway's policy vLLM CPU gives other bits when batched.
+
+The wide (hidden 1024) fp32 classifier, served by plain vLLM with its defaults (batching
+on), scores one-token inputs differently alone than in a batch: alone, the rows go through
+a single-row GEMV path that reduces in another order than the batched GEMM. Through the
+gateway (``serialize``: one sequence at a time) the same scenario gives identical bits,
+and they are exactly the engine's one-at-a-time values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from deployments.engine_args import Platform, plan_engine
+from deployments.engine_process import EngineProcess, free_port
+from gateway.config import ModelSpec
+
+pytestmark = pytest.mark.integration
+
+# One-token inputs (printable ASCII) and a few short strings.
+INPUTS = [chr(c) for c in range(33, 97)] + ["ab", "cd", "2+2=4", "xyz"]
+
+
+@pytest.fixture(scope="module")
+def plain_vllm(demo_models, tmp_path_factory, monkeypatch_module):
+    """Plain vLLM (determinism 'off': default max_num_seqs, batching) on the wide model."""
+    monkeypatch_module.setenv("RMGATE_LOG_DIR", str(tmp_path_factory.mktemp("plain")))
+    spec = ModelSpec(name="rm-large", kind="discriminative",
+                     model_path=str(demo_models / "disrm-large"), determinism="off",
+                     engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True})
+    port = free_port()
+    engine = EngineProcess(plan_engine(spec, Platform("cpu", "cpu"), port=port), "127.0.0.1",
+                           port, "plain-rm-large")
+    engine.start()
+    try:
+        engine.wait_ready(600)
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+async def _score_each(client: httpx.AsyncClient, url: str, concurrently: bool) -> list[float]:
+    async def one(x: str) -> float:
+        r = await client.post(url + "/classify", json={"model": "rm-large", "input": x,
+                                                       "use_activation": False})
+        assert r.status_code == 200, r.text
+        return r.json()["data"][0]["probs"][0]
+    if concurrently:
+        return list(await asyncio.gather(*(one(x) for x in INPUTS)))
+    return [await one(x) for x in INPUTS]
+
+
+async def _score_list(client: httpx.AsyncClient, url: str) -> list[float]:
+    r = await client.post(url + "/classify", json={"model": "rm-large", "input": INPUTS,
+                                                   "use_activation": False})
+    assert r.status_code == 200, r.text
+    return [d["probs"][0] for d in r.json()["data"]]
+
+
+def _differing(a: list[float], b: list[float]) -> int:
+    return sum(x != y for x, y in zip(a, b, strict=True))
+
+
+async def test_batch_variance_without_policy_and_none_through_gateway(plain_vllm, gateway):
+    gateway_url, _ = gateway
+    async with httpx.AsyncClient(timeout=600) as client:
+        plain_alone = await _score_each(client, plain_vllm, concurrently=False)
+        plain_concurrent = await _score_each(client, plain_vllm, concurrently=True)
+        plain_list = await _score_list(client, plain_vllm)
+
+        gw_alone = await _score_each(client, gateway_url, concurrently=False)
+        gw_concurrent = await _score_each(client, gateway_url, concurrently=True)
+        gw_list = await _score_list(client, gateway_url)
+
+    # Negative control: the platform shows batch variance without the policy.
+    assert _differing(plain_alone, plain_list) > 0
+    assert _differing(plain_alone, plain_concurrent) + _differing(plain_alone, plain_list) > 0
+    # With the gateway's policy: none, whatever the arrival pattern.
+    assert _differing(gw_alone, gw_concurrent) == 0
+    assert _differing(gw_alone, gw_list) == 0
+    # And the gateway's bits are the engine's own one-at-a-time bits.
+    assert gw_alone == plain_alone
