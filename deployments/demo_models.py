@@ -46,11 +46,14 @@ class DemoModelSpec:
     num_heads: int
     num_kv_heads: int
     seed: int
+    #: Seconds-long training on the single-digit-sum judging task (deployments.demo_training).
+    trained: bool = False
 
 
 DEMO_MODELS: tuple[DemoModelSpec, ...] = (
-    DemoModelSpec("grm", "generative", 128, 256, 2, 4, 2, seed=1),
-    DemoModelSpec("disrm", "discriminative", 128, 256, 2, 4, 2, seed=2),
+    DemoModelSpec("grm", "generative", 128, 256, 2, 4, 2, seed=1, trained=True),
+    DemoModelSpec("disrm", "discriminative", 128, 256, 2, 4, 2, seed=2, trained=True),
+    # Random weights on purpose: only its width matters (the batch-variance control).
     DemoModelSpec("disrm-large", "discriminative", 1024, 2816, 2, 16, 16, seed=3),
 )
 
@@ -194,6 +197,31 @@ def _weights(spec: DemoModelSpec) -> dict[str, Any]:
     return out
 
 
+def _trained(spec: DemoModelSpec, weights: dict[str, Any]) -> dict[str, Any]:
+    """Load ``weights`` into the transformers model, train it, return its tensors."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    from deployments import demo_training
+
+    cfg_dict = {k: v for k, v in model_config(spec).items() if k not in ("architectures", "torch_dtype")}
+    cfg = Qwen2Config(**cfg_dict)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(spec.seed)
+    cls = Qwen2ForCausalLM if spec.kind == "generative" else Qwen2ForSequenceClassification
+    model = cls(cfg).to(torch.float32)
+    state = dict(weights)
+    if spec.kind == "generative":
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    tok = Tokenizer.from_str(json.dumps(tokenizer_json()))
+    train = demo_training.train_grm if spec.kind == "generative" else demo_training.train_disrm
+    train(model, tok, PAD_ID)
+    out = model.state_dict()
+    return {name: out[name].detach().to(torch.float32).contiguous().clone() for name in sorted(weights)}
+
+
 def _dump_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
                     encoding="utf-8")
@@ -211,7 +239,10 @@ def write_model(spec: DemoModelSpec, out_dir: Path) -> None:
     _dump_json(out_dir / "tokenizer_config.json", tokenizer_config())
     _dump_json(out_dir / "special_tokens_map.json",
                {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
-    save_file(_weights(spec), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = _weights(spec)
+    if spec.trained:
+        weights = _trained(spec, weights)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 def build_demo_models(out_dir: Path | str, names: list[str] | None = None) -> dict[str, str]:
@@ -229,6 +260,16 @@ def build_demo_models(out_dir: Path | str, names: list[str] | None = None) -> di
     return digests
 
 
+#: sha256 (``digest_dir``) of each model as built here: every build must reproduce these bytes.
+DEMO_DIGESTS = {
+    "grm": "6f383bcb1b1fd2d97edfdb517719e5986222df183210474db07e9835f9e1cefa",
+    "disrm": "89c831554f8077226500f3a15207f7b130b047d70c6bf21fe8513c1ca3100b9d",
+    "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
+}
+
+
 def demo_models_present(out_dir: Path | str) -> bool:
+    """True when every demo model is there with exactly the expected bytes."""
     out = Path(out_dir)
-    return all((out / s.name / "model.safetensors").is_file() for s in DEMO_MODELS)
+    return all((out / s.name / "model.safetensors").is_file()
+               and digest_dir(out / s.name) == DEMO_DIGESTS[s.name] for s in DEMO_MODELS)

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.scoring import ScorerSpec
+
 Kind = Literal["generative", "discriminative"]
 DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]
 
@@ -41,6 +43,8 @@ class ModelSpec(BaseModel):
     determinism: DeterminismMode = "auto"
     seed: SeedPolicy = Field(default_factory=SeedPolicy)
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    #: GRM only: how /v1/rewards and /get_reward ask the judge and read its score.
+    scorer: ScorerSpec = Field(default_factory=ScorerSpec)
     #: Extra vLLM engine arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
     engine_args: dict[str, Any] = Field(default_factory=dict)
     #: Extra environment for the engine process, e.g. VLLM_CPU_KVCACHE_SPACE.
@@ -73,6 +77,9 @@ class GatewaySettings(BaseModel):
     slot_wait_s: float = Field(default=120.0, ge=0)
     #: Requests waiting per slot beyond the ones in flight before answering 503.
     max_queue_per_slot: int = Field(default=4096, ge=1)
+    #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)
+    #: always uses. Optional when exactly one model is served.
+    default_reward_model: str | None = None
 
 
 class AppConfig(BaseModel):
@@ -89,7 +96,16 @@ class AppConfig(BaseModel):
             raise ValueError(f"model names must be unique, got {names}")
         if not names:
             raise ValueError("at least one model must be configured")
+        default = self.gateway.default_reward_model
+        if default is not None and default not in names:
+            raise ValueError(f"default_reward_model {default!r} is not among the models {names}")
         return self
 
     def model(self, name: str) -> ModelSpec | None:
-        return next((m for m in self.models if m.name == name), None)
+        """The model called ``name``; its ``model_path`` works too (verl's built-in reward
+        loop sends the reward model's path as ``model``)."""
+        found = next((m for m in self.models if m.name == name), None)
+        if found is None and name:
+            path = str(Path(os.path.expanduser(name)).resolve())
+            found = next((m for m in self.models if m.model_path in (name, path)), None)
+        return found

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, error_response, install_error_handlers
 from gateway.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
+from gateway.rewards import GetRewardRequest, RewardScorer, RewardsRequest
 from gateway.service import GatewayResponse, RewardGateway
 
 
@@ -68,30 +69,44 @@ def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> Fa
                               "gives the same reward bits.")
     install_error_handlers(app)
 
-    async def _handle(request: Request, call: Callable) -> Response:
+    async def _handle(request: Request, call: Callable, endpoint: str) -> Response:
+        # ``endpoint`` is the canonical path (keyed and sent to the engine), whatever
+        # route prefix the application is mounted under.
         gw = get_gateway()
         try:
             raw = await read_body(request, gw.config.gateway.max_body_bytes)
-            return _to_response(await call(gw, request.url.path, raw))
+            return _to_response(await call(gw, endpoint, raw))
         except GatewayError as err:
             return error_response(err)
 
     @app.post("/v1/chat/completions", openapi_extra=_body_doc(ChatCompletionRequest),
               tags=["generative"])
     async def chat_completions(request: Request) -> Response:
-        return await _handle(request, RewardGateway.generate)
+        return await _handle(request, RewardGateway.generate, "/v1/chat/completions")
 
     @app.post("/v1/completions", openapi_extra=_body_doc(CompletionRequest), tags=["generative"])
     async def completions(request: Request) -> Response:
-        return await _handle(request, RewardGateway.generate)
+        return await _handle(request, RewardGateway.generate, "/v1/completions")
 
     @app.post("/classify", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
     async def classify(request: Request) -> Response:
-        return await _handle(request, RewardGateway.pool)
+        return await _handle(request, RewardGateway.pool, "/classify")
 
     @app.post("/pooling", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
     async def pooling(request: Request) -> Response:
-        return await _handle(request, RewardGateway.pool)
+        return await _handle(request, RewardGateway.pool, "/pooling")
+
+    @app.post("/v1/rewards", openapi_extra=_body_doc(RewardsRequest), tags=["rewards"])
+    async def rewards(request: Request) -> Response:
+        """One reward per item (prompt or messages, response, label), in item order."""
+        return await _handle(request, lambda gw, p, raw: RewardScorer(gw).rewards(p, raw),
+                             "/v1/rewards")
+
+    @app.post("/get_reward", openapi_extra=_body_doc(GetRewardRequest), tags=["rewards"])
+    async def get_reward(request: Request) -> Response:
+        """OpenRLHF's remote reward protocol: query/prompts/labels -> rewards/scores."""
+        return await _handle(request, lambda gw, p, raw: RewardScorer(gw).get_reward(p, raw),
+                             "/get_reward")
 
     @app.get("/v1/models", tags=["ops"])
     async def models() -> JSONResponse:

@@ -1,43 +1,64 @@
-"""The demo models build byte-identically, offline, and load as HF checkpoints."""
+"""The demo models build byte-identically, offline, load as HF checkpoints, and learned
+their synthetic judging task (is a single-digit sum right?)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from deployments.demo_models import DEMO_MODELS, build_demo_models
-
-# sha256 of each model folder (deployments.fingerprint.digest_dir), checked in.
-EXPECTED = {
-    "grm": "e4f912051067dc4c78633008a776b2c7af2f50d0437b3c25b965238018b1ab29",
-    "disrm": "cb3caa96384842f513e39dda54bcb831f768a5f889a3379edc876bc48f83d08c",
-    "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
-}
+from deployments.demo_models import DEMO_DIGESTS, DEMO_MODELS
+from deployments.demo_training import chat_text, disrm_text, judge_prompt, sums_split
+from deployments.fingerprint import digest_dir
 
 
-def test_build_is_byte_identical_and_matches_checked_in_digests(tmp_path):
-    first = build_demo_models(tmp_path / "a", ["grm", "disrm"])
-    # A second build in another process (other hash salt, fresh torch state).
-    code = ("import json, sys; from deployments.demo_models import build_demo_models; "
-            "print(json.dumps(build_demo_models(sys.argv[1], ['grm', 'disrm'])))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "b")], check=True,
-                         capture_output=True, text=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == first
-    assert first == {k: EXPECTED[k] for k in first}
+def test_build_reproduces_the_checked_in_bytes(demo_models):
+    """The fixture built them in this checkout (CI: from scratch); the digests were
+    checked in from another machine's build."""
+    assert {m.name: digest_dir(demo_models / m.name) for m in DEMO_MODELS} == DEMO_DIGESTS
 
 
 def test_large_variant_is_wide_enough(demo_models):
     cfg = json.loads((demo_models / "disrm-large" / "config.json").read_text())
     assert cfg["hidden_size"] >= 1024 and cfg["num_labels"] == 1
-    assert {m.name for m in DEMO_MODELS} == set(EXPECTED)
 
 
 def test_tokenizer_and_chat_template_load_offline(demo_models):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(demo_models / "grm"))
-    text = tok.apply_chat_template([{"role": "user", "content": "2+3=5? ü"}], tokenize=False,
-                                   add_generation_prompt=True)
-    assert text.endswith("<|im_start|>assistant\n")
+    msgs = [{"role": "user", "content": "2+3=5? ü"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == chat_text(msgs, add_generation_prompt=True)
     assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_disrm_ranks_right_above_wrong_on_held_out_sums(demo_models):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(demo_models / "disrm"))
+    model = AutoModelForSequenceClassification.from_pretrained(str(demo_models / "disrm")).eval()
+
+    def score(a: int, b: int, c: int) -> float:
+        ids = tok(disrm_text(a, b, c), return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            return model(**ids).logits[0, 0].item()
+
+    _, held_out = sums_split()  # wrong answers never seen in training
+    wins = sum(score(s.a, s.b, s.a + s.b) > score(s.a, s.b, s.c) for s in held_out)
+    assert wins / len(held_out) >= 0.9, f"right above wrong on only {wins}/{len(held_out)}"
+
+
+def test_grm_answers_in_the_judge_format(demo_models):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(demo_models / "grm"))
+    model = AutoModelForCausalLM.from_pretrained(str(demo_models / "grm")).eval()
+    for a, b, c in [(3, 4, 7), (2, 2, 5), (9, 0, 9), (1, 8, 2)]:
+        prompt = chat_text([{"role": "user", "content": judge_prompt(a, b, c)}], True)
+        ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=10, do_sample=False, eos_token_id=258,
+                                 pad_token_id=256)
+        text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        assert text.strip() in ("Score: 0", "Score: 1"), text

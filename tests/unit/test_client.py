@@ -1,0 +1,118 @@
+"""RewardClient against a scripted transport: order, retries, Retry-After, errors, timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from gateway.client import RetryPolicy, RewardClient, RewardRequestError
+
+FAST = RetryPolicy(max_attempts=5, backoff_s=0.01, max_backoff_s=0.05)
+
+
+def scripted(fail_first: dict[str, list[int]] | None = None, delay_by_index: bool = False):
+    """A /v1/rewards server: reward = float(response); optional scripted failures."""
+    fail_first = fail_first or {}
+    calls: list[dict] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append(body)
+        first = body["items"][0]["response"]
+        script = fail_first.get(first)
+        if script:
+            status = script.pop(0)
+            return httpx.Response(status, json={"error": {"message": "busy"}},
+                                  headers={"Retry-After": "0"} if status in (429, 503) else {})
+        if delay_by_index:  # later items answer first: completion order != submission order
+            await asyncio.sleep(0.02 * (10 - int(float(first)) % 10))
+        return httpx.Response(200, json={
+            "rewards": [float(it["response"]) for it in body["items"]],
+            "details": [{"slot": "0"} for _ in body["items"]]})
+
+    return httpx.MockTransport(handler), calls
+
+
+def items(n: int) -> list[dict]:
+    return [{"prompt": "p", "response": str(i)} for i in range(n)]
+
+
+def test_results_in_submission_order_despite_completion_order():
+    transport, _ = scripted(delay_by_index=True)
+    client = RewardClient("127.0.0.1:1", transport=transport, batch_size=1, concurrency=10)
+    assert client.score(items(20)) == [float(i) for i in range(20)]
+
+
+def test_retries_5xx_429_503_then_succeeds_without_duplicates():
+    transport, calls = scripted({"0": [503, 429, 500], "3": [502]})
+    client = RewardClient("http://x", transport=transport, batch_size=1, retry=FAST)
+    assert client.score(items(5)) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert len(calls) == 5 + 4
+
+
+def test_retry_after_is_honoured():
+    policy = RetryPolicy(max_attempts=3, backoff_s=0.0, max_backoff_s=5)
+    assert policy.delay(0, "2") == 2.0
+    assert policy.delay(5, "100") == 5.0  # capped
+    assert 0.0 <= policy.delay(3, None) <= 5.0
+
+
+def test_4xx_raises_at_once():
+    transport, calls = scripted({"0": [422]})
+    client = RewardClient("http://x", transport=transport, batch_size=1, retry=FAST)
+    with pytest.raises(RewardRequestError) as err:
+        client.score(items(1))
+    assert err.value.status == 422 and len(calls) == 1
+
+
+def test_gives_up_after_the_retry_budget():
+    transport, calls = scripted({"0": [503] * 10})
+    client = RewardClient("http://x", transport=transport, retry=FAST)
+    with pytest.raises(RewardRequestError, match="after 5 attempts"):
+        client.score(items(1))
+    assert len(calls) == 5
+
+
+def test_connection_errors_are_retried():
+    attempts = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts["n"] += 1
+        if attempts["n"] < 3:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, json={"rewards": [1.0], "details": [{}]})
+
+    client = RewardClient("http://x", transport=httpx.MockTransport(handler), retry=FAST)
+    assert client.score(items(1)) == [1.0] and attempts["n"] == 3
+
+
+def test_total_timeout():
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(200, json={"rewards": [0.0], "details": [{}]})
+
+    client = RewardClient("http://x", transport=httpx.MockTransport(slow), total_timeout_s=0.2)
+    t = time.monotonic()
+    with pytest.raises(RewardRequestError, match="within"):
+        client.score(items(1))
+    assert time.monotonic() - t < 3
+
+
+async def test_sync_api_works_inside_a_running_loop():
+    transport, _ = scripted()
+    client = RewardClient("http://x", transport=transport)
+    assert client.score(items(3)) == [0.0, 1.0, 2.0]  # called from async code
+    assert await client.ascore(items(2)) == [0.0, 1.0]
+
+
+def test_client_imports_neither_ray_nor_vllm():
+    code = ("import sys, gateway.client, gateway.integrations.verl; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
