@@ -108,6 +108,40 @@ def make_demo_models(out_dir: Path = typer.Argument(..., help="Folder to write t
 
 
 @app.command()
+def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.1:8000"),
+          requests: Optional[Path] = typer.Option(None, "--requests", exists=True, dir_okay=False,
+                                                  help="JSON lines of {path, body}; default: a "
+                                                       "generated set for each served model"),
+          per_model: int = typer.Option(100, help="Generated requests per served model."),
+          concurrency: list[int] = typer.Option([1, 32], "--concurrency", "-c",
+                                                help="Concurrency levels (repeatable)."),
+          repeats: int = typer.Option(1, help="Shuffled runs per concurrency level."),
+          against: Optional[str] = typer.Option(None, help="A second gateway to compare with "
+                                                "(e.g. after an upgrade)."),
+          api_key: Optional[str] = typer.Option(None, envvar="RMGATE_API_KEY")) -> None:
+    """Replay requests in shuffled orders at several concurrencies; compare bitwise.
+
+    Exit code 0 only when every response matched the first run exactly."""
+    import asyncio
+
+    from gateway import verify
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    url = url.rstrip("/")
+    if requests is not None:
+        calls = verify.load_calls(requests)
+    else:
+        calls = verify.generated_calls(asyncio.run(verify.served_models(url, headers)), per_model)
+    if not calls:
+        typer.echo("nothing to replay: no requests and no served model", err=True)
+        raise typer.Exit(2)
+    verdicts = asyncio.run(verify.check(url, calls, concurrency, repeats,
+                                        against.rstrip("/") if against else None, headers))
+    typer.echo(verify.format_table(verdicts))
+    raise typer.Exit(0 if all(v.ok for v in verdicts) else 1)
+
+
+@app.command()
 def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None)) -> None:
     """Build the demo models if missing and serve configs/demo-cpu.yaml."""
     from deployments.demo_models import build_demo_models, demo_models_present

@@ -75,11 +75,28 @@ class GatewaySettings(BaseModel):
     request_timeout_s: float = Field(default=300.0, gt=0)
     #: How long a request waits for a dead slot to come back before answering 503.
     slot_wait_s: float = Field(default=120.0, ge=0)
+    #: ``wait``: a request only ever runs on its own slot (results never change).
+    #: ``next_slot``: after ``failover_after_s`` it moves to the next slot of its key's
+    #: ranking, and the response says so (``x-rmgate-failover``); with heterogeneous
+    #: replicas its bits may then differ.
+    failover: Literal["wait", "next_slot"] = "wait"
+    failover_after_s: float = Field(default=5.0, ge=0)
     #: Requests waiting per slot beyond the ones in flight before answering 503.
     max_queue_per_slot: int = Field(default=4096, ge=1)
     #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)
     #: always uses. Optional when exactly one model is served.
     default_reward_model: str | None = None
+    #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
+    #: from this environment variable (comma separated) and/or file (one per line). With no
+    #: key configured, auth is off. ``/health`` and ``/metrics`` stay open.
+    api_keys_env: str = "RMGATE_API_KEYS"
+    api_keys_file: str | None = None
+
+    def load_api_keys(self) -> frozenset[str]:
+        keys = [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",")]
+        if self.api_keys_file:
+            keys += Path(self.api_keys_file).read_text(encoding="utf-8").splitlines()
+        return frozenset(k.strip() for k in keys if k.strip())
 
 
 class AppConfig(BaseModel):

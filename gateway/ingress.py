@@ -7,14 +7,18 @@ them to ``RewardGateway``; the OpenAPI document still shows each endpoint's sche
 
 from __future__ import annotations
 
+import hmac
+import time
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway import metrics
 from gateway.errors import GatewayError, error_response, install_error_handlers
 from gateway.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
 from gateway.rewards import GetRewardRequest, RewardScorer, RewardsRequest
+from gateway.routing import REQUEST_TIMEOUT_S
 from gateway.service import GatewayResponse, RewardGateway
 
 
@@ -57,6 +61,36 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+TIMEOUT_HEADER = "x-rmgate-timeout"
+
+
+def check_api_key(request: Request, keys: frozenset[str]) -> None:
+    """401 unless the request carries one of ``keys`` (when any is configured)."""
+    if not keys:
+        return
+    auth = request.headers.get("authorization", "")
+    token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+    if not token or not any(hmac.compare_digest(token, k) for k in keys):
+        raise GatewayError(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                           "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def request_timeout(request: Request, limit: float) -> float | None:
+    """The ``x-rmgate-timeout`` override in seconds (capped at the configured timeout)."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise GatewayError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds",
+                           "invalid_timeout")
+    return min(value, limit)
+
+
 def _to_response(result: GatewayResponse) -> Response:
     return Response(result.body, status_code=result.status, headers=result.headers,
                     media_type="application/json")
@@ -72,12 +106,22 @@ def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> Fa
     async def _handle(request: Request, call: Callable, endpoint: str) -> Response:
         # ``endpoint`` is the canonical path (keyed and sent to the engine), whatever
         # route prefix the application is mounted under.
-        gw = get_gateway()
+        start = time.monotonic()
         try:
-            raw = await read_body(request, gw.config.gateway.max_body_bytes)
-            return _to_response(await call(gw, endpoint, raw))
+            gw = get_gateway()
+            check_api_key(request, gw.api_keys)
+            token = REQUEST_TIMEOUT_S.set(request_timeout(request, gw.config.gateway.request_timeout_s))
+            try:
+                raw = await read_body(request, gw.config.gateway.max_body_bytes)
+                response = _to_response(await call(gw, endpoint, raw))
+            finally:
+                REQUEST_TIMEOUT_S.reset(token)
         except GatewayError as err:
-            return error_response(err)
+            response = error_response(err)
+        model = response.headers.get("x-rmgate-model", "")
+        metrics.REQUESTS.labels(model, endpoint, str(response.status_code)).inc()
+        metrics.REQUEST_SECONDS.labels(model, endpoint).observe(time.monotonic() - start)
+        return response
 
     @app.post("/v1/chat/completions", openapi_extra=_body_doc(ChatCompletionRequest),
               tags=["generative"])
@@ -109,8 +153,15 @@ def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> Fa
                              "/get_reward")
 
     @app.get("/v1/models", tags=["ops"])
-    async def models() -> JSONResponse:
-        return JSONResponse((await get_gateway().models()).model_dump())
+    async def models(request: Request) -> JSONResponse:
+        gw = get_gateway()
+        check_api_key(request, gw.api_keys)
+        return JSONResponse((await gw.models()).model_dump())
+
+    @app.get("/metrics", tags=["ops"])
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/health", tags=["ops"])
     async def health() -> JSONResponse:

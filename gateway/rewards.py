@@ -137,7 +137,8 @@ class RewardScorer:
                                         for i, it in enumerate(req.items)))
         body = {"model": spec.name, "rewards": [s for s, _ in scored],
                 "details": [d for _, d in scored]}
-        return GatewayResponse(200, json.dumps(body, ensure_ascii=False).encode())
+        return GatewayResponse(200, json.dumps(body, ensure_ascii=False).encode(),
+                               {"x-rmgate-model": spec.name})
 
     async def get_reward(self, path: str, raw: bytes) -> GatewayResponse:  # noqa: ARG002
         req = validate(GetRewardRequest, parse_json_object(raw))

@@ -14,17 +14,23 @@ slot could answer with other bits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import httpx
 
+from gateway import metrics
 from gateway.config import GatewaySettings
 from gateway.errors import GatewayError
 
 logger = logging.getLogger("rmgate")
+
+#: Per-request engine timeout override (the ingress sets it from ``x-rmgate-timeout``).
+REQUEST_TIMEOUT_S: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "rmgate_request_timeout_s", default=None)
 
 RETRY_BACKOFF_S = 0.5
 MAX_ENGINE_5XX_RETRIES = 2
@@ -35,6 +41,12 @@ class EngineReply:
     status: int
     body: bytes
     fingerprint: str | None = None
+    #: The slot that answered: the request's own, unless failover moved it.
+    slot: int | None = None
+
+
+class SlotUnavailable(GatewayError):
+    """A slot's engine stayed unreachable for the whole wait."""
 
 
 @dataclass
@@ -49,30 +61,37 @@ class SlotInfo:
 class Transport(Protocol):
     """How the gateway core reaches slot ``slot`` of ``model``."""
 
-    async def post(self, model: str, slot: int, path: str, body: bytes) -> EngineReply: ...
+    async def post(self, model: str, slot: int, path: str, body: bytes,
+                   fallbacks: Sequence[int] = ()) -> EngineReply: ...
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None: ...
 
 
 class _Gate:
-    """A counting gate with a bounded waiting room."""
+    """A counting gate with a bounded waiting room (its depth is exported per slot)."""
 
-    def __init__(self, size: int, max_waiting: int) -> None:
+    def __init__(self, size: int, max_waiting: int, labels: tuple[str, str]) -> None:
         self.sem = asyncio.Semaphore(size)
         self.max_waiting = max_waiting
         self.waiting = 0
+        self.queued = metrics.QUEUED.labels(*labels)
+        self.inflight = metrics.INFLIGHT.labels(*labels)
 
     async def __aenter__(self) -> None:
         if self.sem.locked() and self.waiting >= self.max_waiting:
             raise GatewayError(503, "slot queue is full; retry later", "queue_full",
                                headers={"Retry-After": "1"})
         self.waiting += 1
+        self.queued.inc()
         try:
             await self.sem.acquire()
         finally:
             self.waiting -= 1
+            self.queued.dec()
+        self.inflight.inc()
 
     async def __aexit__(self, *exc: object) -> None:
+        self.inflight.dec()
         self.sem.release()
 
 
@@ -106,21 +125,57 @@ class ServeTransport:
     def _gate(self, key: tuple[str, int], info: SlotInfo) -> _Gate:
         gate = self._gates.get(key)
         if gate is None:
-            gate = self._gates[key] = _Gate(info.max_inflight, self.settings.max_queue_per_slot)
+            gate = self._gates[key] = _Gate(info.max_inflight, self.settings.max_queue_per_slot,
+                                            (key[0], str(key[1])))
         return gate
 
-    async def _send(self, key: tuple[str, int], info: SlotInfo, path: str, body: bytes) -> EngineReply:
+    async def _send(self, key: tuple[str, int], info: SlotInfo, path: str, body: bytes,
+                    timeout_s: float) -> EngineReply:
+        start = time.monotonic()
         if self.settings.transport == "handle":
-            status, content = await self.handles[key[0]][key[1]].forward.remote(
-                path, body, self.settings.request_timeout_s)
-            return EngineReply(status, content, info.fingerprint)
-        resp = await self._client.post(info.url + path, content=body,
-                                       headers={"content-type": "application/json"})
-        return EngineReply(resp.status_code, resp.content, info.fingerprint)
+            try:
+                status, content = await asyncio.wait_for(
+                    self.handles[key[0]][key[1]].forward.remote(path, body, timeout_s), timeout_s)
+            except asyncio.TimeoutError:
+                raise httpx.ReadTimeout("handle call timed out") from None
+        else:
+            resp = await self._client.post(info.url + path, content=body,
+                                           timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                           headers={"content-type": "application/json"})
+            status, content = resp.status_code, resp.content
+        labels = (key[0], str(key[1]))
+        metrics.ENGINE_SECONDS.labels(*labels).observe(time.monotonic() - start)
+        metrics.ENGINE_REQUESTS.labels(*labels, str(status)).inc()
+        return EngineReply(status, content, info.fingerprint)
 
-    async def post(self, model: str, slot: int, path: str, body: bytes) -> EngineReply:
+    async def post(self, model: str, slot: int, path: str, body: bytes,
+                   fallbacks: Sequence[int] = ()) -> EngineReply:
+        """Send to ``slot``; in ``failover: next_slot`` mode, move to ``fallbacks`` in order
+        when a slot stays unreachable for ``failover_after_s`` (the last one waits the full
+        ``slot_wait_s``). In ``wait`` mode the request only ever waits for its own slot."""
+        candidates = [slot]
+        if self.settings.failover == "next_slot":
+            candidates += [s for s in fallbacks if s != slot]
+        for n, target in enumerate(candidates):
+            last = n == len(candidates) - 1
+            wait_s = self.settings.slot_wait_s if last else self.settings.failover_after_s
+            try:
+                reply = await self._post_slot(model, target, path, body, wait_s)
+            except SlotUnavailable:
+                if last:
+                    raise
+                continue
+            reply.slot = target
+            if target != slot:
+                metrics.FAILOVERS.labels(model, str(slot), str(target)).inc()
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _post_slot(self, model: str, slot: int, path: str, body: bytes,
+                         wait_s: float) -> EngineReply:
         key = (model, slot)
-        deadline = time.monotonic() + self.settings.slot_wait_s
+        deadline = time.monotonic() + wait_s
+        timeout_s = REQUEST_TIMEOUT_S.get() or self.settings.request_timeout_s
         engine_5xx = 0
         while True:
             remaining = deadline - time.monotonic()
@@ -131,7 +186,7 @@ class ServeTransport:
                         raise asyncio.TimeoutError
                     info = self._info[key] = await self._fetch_info(model, slot, remaining)
                 async with self._gate(key, info):
-                    reply = await self._send(key, info, path, body)
+                    reply = await self._send(key, info, path, body, timeout_s)
                 if reply.status < 500 or engine_5xx >= MAX_ENGINE_5XX_RETRIES:
                     if reply.status >= 500:
                         raise GatewayError(502, f"engine of slot {model}-{slot} failed "
@@ -144,7 +199,7 @@ class ServeTransport:
                     pass  # treat as unreachable below
                 else:
                     raise GatewayError(504, f"engine of slot {model}-{slot} did not answer within "
-                                       f"{self.settings.request_timeout_s:.0f}s", "engine_timeout")
+                                       f"{timeout_s:g}s", "engine_timeout")
             except (httpx.TransportError, asyncio.TimeoutError) as exc:
                 logger.warning("slot %s-%d unreachable (%s); waiting for it", model, slot,
                                type(exc).__name__)
@@ -154,10 +209,11 @@ class ServeTransport:
                 logger.warning("slot %s-%d call failed (%s: %s); waiting for it", model, slot,
                                type(exc).__name__, exc)
             self._info.pop(key, None)
+            metrics.SLOT_UNAVAILABLE.labels(model, str(slot)).inc()
             if time.monotonic() + RETRY_BACKOFF_S > deadline:
-                raise GatewayError(503, f"slot {model}-{slot} is unavailable; it did not come back "
-                                   f"within {self.settings.slot_wait_s:.0f}s", "slot_unavailable",
-                                   headers={"Retry-After": "5"})
+                raise SlotUnavailable(503, f"slot {model}-{slot} is unavailable; it did not come "
+                                      f"back within {wait_s:.0f}s", "slot_unavailable",
+                                      headers={"Retry-After": "5"})
             await asyncio.sleep(RETRY_BACKOFF_S)
 
     async def aclose(self) -> None:

@@ -14,9 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from gateway import metrics
 from gateway.config import AppConfig, ModelSpec
 from gateway.errors import GatewayError, engine_error_message
-from gateway.hashing import slot_for_key
+from gateway.hashing import slot_for_key, slot_ranking
 from gateway.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                ModelCard, ModelList)
@@ -74,6 +75,10 @@ def normalize_activation(body: dict[str, Any]) -> dict[str, Any]:
     values = {k: body[k] for k in ("use_activation", *ACTIVATION_SYNONYMS)
               if body.get(k) is not None}
     out = {k: v for k, v in body.items() if k not in ACTIVATION_SYNONYMS}
+    wrong = [k for k, v in values.items() if not isinstance(v, bool)]
+    if wrong:
+        raise GatewayError(422, f"{wrong[0]}: Input should be a valid boolean", "invalid_schema",
+                           param=wrong[0])
     if len(set(values.values())) > 1:
         raise GatewayError(400, f"conflicting activation flags: {values}", "invalid_request",
                            param="use_activation")
@@ -104,6 +109,9 @@ class RewardGateway:
     def __init__(self, config: AppConfig, transport: Transport) -> None:
         self.config = config
         self.transport = transport
+        self.api_keys = config.gateway.load_api_keys()
+        for spec in config.models:
+            metrics.SLOTS.labels(spec.name).set(spec.replicas)
 
     # ---- model resolution -------------------------------------------------------------
     def resolve_model(self, name: str | None, kind: str) -> ModelSpec:
@@ -140,7 +148,8 @@ class RewardGateway:
             del body["seed"]  # an explicit null is the same request as no seed
         key = request_key(path, body)
         slot = slot_for_key(key, spec.replicas)
-        headers = {"x-rmgate-key": key_hex(key), "x-rmgate-slot": str(slot)}
+        headers = {"x-rmgate-model": spec.name, "x-rmgate-key": key_hex(key),
+                   "x-rmgate-slot": str(slot)}
         seed = body.get("seed")
         if seed is None:
             if spec.seed.policy == "require":
@@ -148,13 +157,16 @@ class RewardGateway:
                                    "'require')", "seed_required", param="seed")
             if spec.seed.policy == "derive":
                 seed = derive_seed(key, spec.seed.base)
+                metrics.SEEDS_DERIVED.labels(spec.name).inc()
         engine_body = {**spec.sampling_defaults, **body}
         if seed is not None:
             engine_body["seed"] = seed
             headers["x-rmgate-seed"] = str(seed)
         engine_body.pop("stream", None)
         engine_body.pop("stream_options", None)
-        reply = await self.transport.post(spec.name, slot, path, canonical_json(engine_body))
+        reply = await self.transport.post(spec.name, slot, path, canonical_json(engine_body),
+                                          fallbacks=self._fallbacks(key, spec))
+        self._note_failover(headers, [slot], [reply])
         if reply.fingerprint:
             headers["x-rmgate-fingerprint"] = reply.fingerprint
         if reply.status != 200:
@@ -182,10 +194,13 @@ class RewardGateway:
         keys = [request_key(path, b) for b in item_bodies]
         slots = [slot_for_key(k, spec.replicas) for k in keys]
         replies = await asyncio.gather(*(
-            self.transport.post(spec.name, s, path, canonical_json(b))
-            for s, b in zip(slots, item_bodies)))
-        headers = {"x-rmgate-key": key_hex(whole_key if is_list else keys[0]),
+            self.transport.post(spec.name, s, path, canonical_json(b),
+                                fallbacks=self._fallbacks(k, spec))
+            for s, b, k in zip(slots, item_bodies, keys)))
+        headers = {"x-rmgate-model": spec.name,
+                   "x-rmgate-key": key_hex(whole_key if is_list else keys[0]),
                    "x-rmgate-slot": ",".join(map(str, slots))}
+        self._note_failover(headers, slots, replies)
         prints = sorted({r.fingerprint for r in replies if r.fingerprint})
         if prints:
             headers["x-rmgate-fingerprint"] = ",".join(prints)
@@ -195,6 +210,20 @@ class RewardGateway:
         if not is_list:
             return GatewayResponse(200, replies[0].body, headers)
         return GatewayResponse(200, self._merge_pooling(replies, whole_key), headers)
+
+    def _fallbacks(self, key: int, spec: ModelSpec) -> list[int]:
+        if self.config.gateway.failover != "next_slot" or spec.replicas < 2:
+            return []
+        return slot_ranking(key, spec.replicas)[1:]
+
+    @staticmethod
+    def _note_failover(headers: dict[str, str], slots: list[int], replies: list[EngineReply]) -> None:
+        """Report the slots that really answered, and mark any failover."""
+        actual = [r.slot if r.slot is not None else s for s, r in zip(slots, replies)]
+        if actual != slots:
+            headers["x-rmgate-slot"] = ",".join(map(str, actual))
+            headers["x-rmgate-failover"] = ",".join(f"{a}->{b}" for a, b in zip(slots, actual)
+                                                    if a != b)
 
     @staticmethod
     def _merge_pooling(replies: list[EngineReply], whole_key: int) -> bytes:

@@ -90,3 +90,32 @@ async def test_batch_variance_without_policy_and_none_through_gateway(plain_vllm
     assert _differing(gw_alone, gw_list) == 0
     # And the gateway's bits are the engine's own one-at-a-time bits.
     assert gw_alone == plain_alone
+
+
+def _rmgate_check(url: str, requests_file, *extra: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "check", url, "--requests",
+                           str(requests_file), "-c", "1", "-c", "64", *extra],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_rmgate_check_verdicts(plain_vllm, gateway, tmp_path):
+    """The verifier says IDENTICAL for rmgate and DIFFERENT for plain vLLM (its control)."""
+    import json as _json
+
+    gateway_url, _ = gateway
+    requests_file = tmp_path / "requests.jsonl"
+    requests_file.write_text("".join(
+        _json.dumps({"path": "/classify", "body": {"model": "rm-large", "input": x,
+                                                   "use_activation": False}}) + "\n"
+        for x in INPUTS))
+    good = _rmgate_check(gateway_url, requests_file)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "IDENTICAL" in good.stdout
+    bad = _rmgate_check(plain_vllm, requests_file)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "DIFFERENT" in bad.stdout
+    against = _rmgate_check(gateway_url, requests_file, "--against", plain_vllm)
+    assert against.returncode == 1 and "DIFFERENT" in against.stdout

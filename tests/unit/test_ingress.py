@@ -31,7 +31,8 @@ class FakeTransport:
         self.sent: list[tuple[str, int, str, dict]] = []
         self.reply_status = 200
 
-    async def post(self, model: str, slot: int, path: str, body: bytes) -> EngineReply:
+    async def post(self, model: str, slot: int, path: str, body: bytes,
+                   fallbacks=()) -> EngineReply:
         data = json.loads(body)
         self.sent.append((model, slot, path, data))
         if self.reply_status != 200:

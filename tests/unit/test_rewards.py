@@ -27,7 +27,7 @@ CONFIG = {
 class JudgeTransport(FakeTransport):
     """A judge that answers 'Score: <len(content) % 3>', or rambles for 'ramble'."""
 
-    async def post(self, model, slot, path, body):
+    async def post(self, model, slot, path, body, fallbacks=()):
         data = json.loads(body)
         self.sent.append((model, slot, path, data))
         if path == "/classify":

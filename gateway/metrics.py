@@ -1,0 +1,40 @@
+"""Prometheus metrics of the ingress (served at ``GET /metrics``).
+
+One registry per ingress replica process (Ray Serve runs each replica in its own process),
+so nothing here is shared across replicas: scrape every ingress replica, or run one.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               ProcessCollector, generate_latest)
+
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+REQUESTS = Counter("rmgate_requests", "HTTP requests answered by the gateway",
+                   ["model", "endpoint", "status"], registry=REGISTRY)
+REQUEST_SECONDS = Histogram("rmgate_request_seconds", "Gateway latency per HTTP request",
+                            ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+ENGINE_REQUESTS = Counter("rmgate_engine_requests", "Engine requests by slot and engine status",
+                          ["model", "slot", "status"], registry=REGISTRY)
+ENGINE_SECONDS = Histogram("rmgate_engine_seconds", "Engine latency per engine request",
+                           ["model", "slot"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+INFLIGHT = Gauge("rmgate_slot_inflight", "Engine requests in flight per slot",
+                 ["model", "slot"], registry=REGISTRY)
+QUEUED = Gauge("rmgate_slot_queued", "Requests waiting for a slot's gate",
+               ["model", "slot"], registry=REGISTRY)
+SLOT_UNAVAILABLE = Counter("rmgate_slot_unavailable", "Retries while a slot's engine was "
+                           "unreachable (waiting for a restart)", ["model", "slot"],
+                           registry=REGISTRY)
+FAILOVERS = Counter("rmgate_failovers", "Requests answered by another slot than their own",
+                    ["model", "from_slot", "to_slot"], registry=REGISTRY)
+SEEDS_DERIVED = Counter("rmgate_seeds_derived", "GRM requests whose seed the gateway derived",
+                        ["model"], registry=REGISTRY)
+SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
+
+
+def exposition() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

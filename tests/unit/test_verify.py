@@ -1,0 +1,50 @@
+"""The verifier's comparison logic (``rmgate check``)."""
+
+import json
+import math
+
+import pytest
+
+from gateway.verify import (Result, compare, essence, format_table, generated_calls, load_calls,
+                            max_abs_diff)
+
+
+def r(ess, status=200, slot="0"):
+    return Result(status, ess, slot, None, None)
+
+
+def test_compare_counts_identical_differing_failed():
+    ref = {0: r([0.5]), 1: r([1.0]), 2: r([2.0])}
+    run = {0: r([0.5]), 1: r([1.0 + 1e-7]), 2: r("boom", status=503)}
+    v = compare("x", ref, run)
+    assert (v.identical, v.differing, v.failed) == (1, 1, 1)
+    assert v.max_abs_diff == pytest.approx(1e-7) and not v.ok
+    assert "DIFFERENT" in format_table([v])
+    assert "IDENTICAL" in format_table([compare("y", ref, ref)])
+
+
+def test_same_value_on_another_slot_counts_as_differing():
+    assert compare("x", {0: r([1.0], slot="0")}, {0: r([1.0], slot="1")}).differing == 1
+
+
+def test_max_abs_diff_over_nested_values():
+    assert max_abs_diff([(0, [0.5, 1.0])], [(0, [0.5, 1.25])]) == 0.25
+    assert math.isinf(max_abs_diff([1.0], [1.0, 2.0]))
+
+
+def test_essence_ignores_ids_and_times():
+    a = {"id": "1", "created": 1, "data": [{"index": 0, "probs": [0.3]}]}
+    b = {"id": "2", "created": 2, "data": [{"index": 0, "probs": [0.3]}]}
+    assert essence("/classify", a) == essence("/classify", b)
+    assert essence("/v1/rewards", {"rewards": [1.0], "details": [{"x": 1}]}) == [1.0]
+
+
+def test_load_calls_and_generation(tmp_path):
+    f = tmp_path / "req.jsonl"
+    f.write_text(json.dumps({"path": "/classify", "body": {"input": "a"}}) + "\n\n")
+    assert load_calls(f)[0].body == {"input": "a"}
+    f.write_text('{"nope": 1}\n')
+    with pytest.raises(ValueError):
+        load_calls(f)
+    calls = generated_calls([{"id": "j", "kind": "generative"}, {"id": "r", "kind": "discriminative"}], 4)
+    assert [c.body["model"] for c in calls] == ["j"] * 4 + ["r"] * 4
