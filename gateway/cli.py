@@ -52,7 +52,7 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
 
 
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
-                     ready: Optional[threading.Event] = None) -> None:
+                     ready: Optional[threading.Event] = None, dashboard: bool = True) -> None:
     """Start Ray (local), Serve and every application of ``config``; block until a signal."""
     import ray
     from ray import serve
@@ -65,7 +65,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    context = ray.init(address="local", include_dashboard=dashboard,
+                       dashboard_host="127.0.0.1", log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
         for application in cfg["applications"]:
@@ -73,6 +74,9 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
             serve.run(builder(application.get("args") or {}), name=application.get("name", "default"),
                       route_prefix=application.get("route_prefix", "/"), blocking=False)
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
+        if dashboard and getattr(context, "dashboard_url", None):
+            typer.echo(f"Serve's own tools: serve status --address http://{context.dashboard_url}"
+                       f"  (also serve deploy CONFIG --address ...)")
         sys.stdout.flush()
         if ready is not None:
             ready.set()
@@ -91,10 +95,12 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
                                          help="A Ray Serve config file (applications + args)."),
           host: Optional[str] = typer.Option(None, help="Bind address (default: the config's, "
                                              "else 127.0.0.1)."),
-          port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000).")
+          port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000)."),
+          dashboard: bool = typer.Option(True, help="Start Ray's dashboard on 127.0.0.1 (needed "
+                                         "by `serve status` and `serve deploy`).")
           ) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
-    run_serve_config(config, host, port)
+    run_serve_config(config, host, port, dashboard=dashboard)
 
 
 @app.command("make-demo-models")

@@ -14,11 +14,10 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import metrics
+from gateway import metrics, routing
 from gateway.errors import GatewayError, error_response, install_error_handlers
 from gateway.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
 from gateway.rewards import GetRewardRequest, RewardScorer, RewardsRequest
-from gateway.routing import REQUEST_TIMEOUT_S
 from gateway.service import GatewayResponse, RewardGateway
 
 
@@ -110,12 +109,15 @@ def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> Fa
         try:
             gw = get_gateway()
             check_api_key(request, gw.api_keys)
-            token = REQUEST_TIMEOUT_S.set(request_timeout(request, gw.config.gateway.request_timeout_s))
+            # Through the module, not a name bound here: Ray pickles this closure, and a
+            # ContextVar cannot be pickled.
+            token = routing.REQUEST_TIMEOUT_S.set(
+                request_timeout(request, gw.config.gateway.request_timeout_s))
             try:
                 raw = await read_body(request, gw.config.gateway.max_body_bytes)
                 response = _to_response(await call(gw, endpoint, raw))
             finally:
-                REQUEST_TIMEOUT_S.reset(token)
+                routing.REQUEST_TIMEOUT_S.reset(token)
         except GatewayError as err:
             response = error_response(err)
         model = response.headers.get("x-rmgate-model", "")

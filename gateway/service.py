@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ from gateway.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                ModelCard, ModelList)
 from gateway.routing import EngineReply, Transport
+
+logger = logging.getLogger("rmgate")
 
 ACTIVATION_SYNONYMS = ("activation", "softmax")
 GENERATE_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest,
@@ -167,6 +170,10 @@ class RewardGateway:
         reply = await self.transport.post(spec.name, slot, path, canonical_json(engine_body),
                                           fallbacks=self._fallbacks(key, spec))
         self._note_failover(headers, [slot], [reply])
+        logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
+                                                "key": headers["x-rmgate-key"],
+                                                "slot": headers["x-rmgate-slot"], "seed": seed,
+                                                "status": reply.status}))
         if reply.fingerprint:
             headers["x-rmgate-fingerprint"] = reply.fingerprint
         if reply.status != 200:
@@ -201,6 +208,10 @@ class RewardGateway:
                    "x-rmgate-key": key_hex(whole_key if is_list else keys[0]),
                    "x-rmgate-slot": ",".join(map(str, slots))}
         self._note_failover(headers, slots, replies)
+        logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
+                                                "key": headers["x-rmgate-key"],
+                                                "slot": headers["x-rmgate-slot"],
+                                                "items": len(items)}))
         prints = sorted({r.fingerprint for r in replies if r.fingerprint})
         if prints:
             headers["x-rmgate-fingerprint"] = ",".join(prints)

@@ -87,6 +87,7 @@ def gateway(demo_models, tmp_path_factory):
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     os.environ["RMGATE_TEST_ENGINE_LOGS"] = env["RMGATE_LOG_DIR"]
+    os.environ["RMGATE_TEST_SERVE_LOG"] = str(log)
     try:
         wait_until_serving(url, proc, log, START_TIMEOUT_S)
         yield url, proc

@@ -115,3 +115,21 @@ def test_dead_engine_is_restarted_and_answers_the_same(gateway):
     print(f"slot 1 answered again {time.monotonic() - t0:.0f}s after its engine was killed")
     assert old_fp  # the fingerprints survive the restart (same build, same model)
     assert httpx.get(url + "/v1/models", timeout=30).json() == old_fp
+
+
+def test_serve_status_sees_the_slot_deployments(gateway):
+    """Ops can use Serve's own tools on `rmgate serve` (dashboard on 127.0.0.1)."""
+    import re
+    import subprocess
+    import sys
+
+    url, proc = gateway
+    log = Path(os.environ["RMGATE_TEST_SERVE_LOG"]).read_text()
+    match = re.search(r"serve status --address (\S+)", log)
+    assert match, log[-2000:]
+    out = subprocess.run([str(Path(sys.executable).parent / "serve"), "status", "--address",
+                          match.group(1)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in ("gateway", "judge-0", "judge-1", "rm-0", "rm-1", "rm-large-0"):
+        assert name in out.stdout
+    assert "RUNNING" in out.stdout

@@ -152,3 +152,11 @@ def test_no_input_yields_5xx_or_non_json(endpoint, method, kind, value, raw):
     if endpoint != "/metrics":
         assert r.headers["content-type"] == "application/json"
         r.json()
+
+
+def test_the_ingress_app_pickles_like_ray_serve_needs():
+    """Ray Serve pickles the FastAPI app (by value): everything it closes over must pickle."""
+    from ray import cloudpickle
+
+    import gateway.app as app_module
+    cloudpickle.loads(cloudpickle.dumps(app_module.fastapi_app))
