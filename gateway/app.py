@@ -28,7 +28,8 @@ class Gateway:
 
     def __init__(self, config: dict[str, Any], handles: dict[str, list[Any]]) -> None:
         cfg = AppConfig.model_validate(config)
-        self.transport = ServeTransport(handles, cfg.gateway)
+        limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
+        self.transport = ServeTransport(handles, cfg.gateway, limits)
         set_current_gateway(RewardGateway(cfg, self.transport))
 
 

@@ -75,8 +75,10 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                       route_prefix=application.get("route_prefix", "/"), blocking=False)
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
-            typer.echo(f"Serve's own tools: serve status --address http://{context.dashboard_url}"
-                       f"  (also serve deploy CONFIG --address ...)")
+            # Ray 2.60 turns token auth on for the cluster; its CLI reads the token
+            # (~/.ray/auth_token) only in token mode.
+            typer.echo(f"Serve's own tools: RAY_AUTH_MODE=token serve status --address "
+                       f"http://{context.dashboard_url}  (also serve deploy CONFIG --address ...)")
         sys.stdout.flush()
         if ready is not None:
             ready.set()

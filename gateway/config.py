@@ -51,6 +51,8 @@ class ModelSpec(BaseModel):
     engine_env: dict[str, str] = Field(default_factory=dict)
     #: Ray actor options of each slot's replica (num_cpus, num_gpus, resources...).
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0})
+    #: Requests waiting per slot of this model (overrides gateway.max_queue_per_slot).
+    max_queue_per_slot: int | None = Field(default=None, ge=1)
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
 

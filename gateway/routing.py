@@ -98,9 +98,11 @@ class _Gate:
 class ServeTransport:
     """Transport over Ray Serve slot deployments (``handles[model][slot]``)."""
 
-    def __init__(self, handles: dict[str, list[Any]], settings: GatewaySettings) -> None:
+    def __init__(self, handles: dict[str, list[Any]], settings: GatewaySettings,
+                 queue_limits: dict[str, int] | None = None) -> None:
         self.handles = handles
         self.settings = settings
+        self.queue_limits = queue_limits or {}
         self._info: dict[tuple[str, int], SlotInfo] = {}
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._client = httpx.AsyncClient(
@@ -125,8 +127,8 @@ class ServeTransport:
     def _gate(self, key: tuple[str, int], info: SlotInfo) -> _Gate:
         gate = self._gates.get(key)
         if gate is None:
-            gate = self._gates[key] = _Gate(info.max_inflight, self.settings.max_queue_per_slot,
-                                            (key[0], str(key[1])))
+            limit = self.queue_limits.get(key[0], self.settings.max_queue_per_slot)
+            gate = self._gates[key] = _Gate(info.max_inflight, limit, (key[0], str(key[1])))
         return gate
 
     async def _send(self, key: tuple[str, int], info: SlotInfo, path: str, body: bytes,

@@ -128,7 +128,8 @@ def test_serve_status_sees_the_slot_deployments(gateway):
     match = re.search(r"serve status --address (\S+)", log)
     assert match, log[-2000:]
     out = subprocess.run([str(Path(sys.executable).parent / "serve"), "status", "--address",
-                          match.group(1)], capture_output=True, text=True, timeout=120)
+                          match.group(1)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_AUTH_MODE": "token"})
     assert out.returncode == 0, out.stderr
     for name in ("gateway", "judge-0", "judge-1", "rm-0", "rm-1", "rm-large-0"):
         assert name in out.stdout
