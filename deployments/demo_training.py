@@ -61,6 +61,18 @@ def sums_split(seed: int = 7) -> tuple[list[Sum], list[Sum]]:
     return train, held
 
 
+def sum_items(n: int, seed: int = 0, right_fraction: float = 0.5) -> list[dict[str, str]]:
+    """Reward items on the task: ``{"prompt": "a+b=", "response": c, "label": a+b}``,
+    a ``right_fraction`` of them right (stand-ins for a policy's rollouts)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randrange(10), rng.randrange(10)
+        c = a + b if rng.random() < right_fraction else rng.randrange(19)
+        out.append({"prompt": f"{a}+{b}=", "response": str(c), "label": str(a + b)})
+    return out
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 

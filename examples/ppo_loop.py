@@ -10,18 +10,8 @@ import argparse
 import random
 import struct
 
+from deployments.demo_training import sum_items  # stand-in rollouts: answers to sums
 from gateway.client import RewardClient
-
-
-def rollouts(step: int, n: int) -> list[dict]:
-    """Stand-in for a policy's samples: answers to single-digit sums, some wrong."""
-    rng = random.Random(step)
-    out = []
-    for _ in range(n):
-        a, b = rng.randrange(10), rng.randrange(10)
-        answer = a + b if rng.random() < 0.6 else rng.randrange(19)
-        out.append({"prompt": f"{a}+{b}=", "response": str(answer), "label": str(a + b)})
-    return out
 
 
 def bits(xs: list[float]) -> bytes:
@@ -34,7 +24,7 @@ def main() -> None:
     ap.add_argument("--model", default="rm", help="rm (DisRM) or judge (GRM)")
     ap.add_argument("--batch", type=int, default=64)
     args = ap.parse_args()
-    batch = rollouts(step=0, n=args.batch)
+    batch = sum_items(args.batch, seed=0, right_fraction=0.6)
     first = RewardClient(args.url, model=args.model, concurrency=1).score(batch)
     shuffled = list(range(len(batch)))
     random.Random(1).shuffle(shuffled)

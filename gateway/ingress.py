@@ -125,22 +125,19 @@ def create_app(get_gateway: Callable[[], RewardGateway] = current_gateway) -> Fa
         metrics.REQUEST_SECONDS.labels(model, endpoint).observe(time.monotonic() - start)
         return response
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_doc(ChatCompletionRequest),
-              tags=["generative"])
-    async def chat_completions(request: Request) -> Response:
-        return await _handle(request, RewardGateway.generate, "/v1/chat/completions")
+    def _route(endpoint: str, call: Callable) -> Callable:
+        async def route(request: Request) -> Response:
+            return await _handle(request, call, endpoint)
+        return route
 
-    @app.post("/v1/completions", openapi_extra=_body_doc(CompletionRequest), tags=["generative"])
-    async def completions(request: Request) -> Response:
-        return await _handle(request, RewardGateway.generate, "/v1/completions")
-
-    @app.post("/classify", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
-    async def classify(request: Request) -> Response:
-        return await _handle(request, RewardGateway.pool, "/classify")
-
-    @app.post("/pooling", openapi_extra=_body_doc(ClassifyRequest), tags=["discriminative"])
-    async def pooling(request: Request) -> Response:
-        return await _handle(request, RewardGateway.pool, "/pooling")
+    for path, schema, call, tag in (
+        ("/v1/chat/completions", ChatCompletionRequest, RewardGateway.generate, "generative"),
+        ("/v1/completions", CompletionRequest, RewardGateway.generate, "generative"),
+        ("/classify", ClassifyRequest, RewardGateway.pool, "discriminative"),
+        ("/pooling", ClassifyRequest, RewardGateway.pool, "discriminative"),
+    ):
+        app.add_api_route(path, _route(path, call), methods=["POST"], tags=[tag],
+                          openapi_extra=_body_doc(schema), name=path.strip("/").replace("/", "_"))
 
     @app.post("/v1/rewards", openapi_extra=_body_doc(RewardsRequest), tags=["rewards"])
     async def rewards(request: Request) -> Response:

@@ -60,6 +60,8 @@ class ModelCard(BaseModel):
     slots: int
     seed_policy: str | None = None
     fingerprints: list[str | None] = Field(default_factory=list)
+    health: list[str] = Field(default_factory=list, description="Per slot: healthy or "
+                              "unavailable (dead, restarting or starting).")
 
 
 class ModelList(BaseModel):

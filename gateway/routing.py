@@ -66,6 +66,8 @@ class Transport(Protocol):
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None: ...
 
+    async def health(self, model: str, slot: int, timeout_s: float) -> str: ...
+
 
 class _Gate:
     """A counting gate with a bounded waiting room (its depth is exported per slot)."""
@@ -123,6 +125,15 @@ class ServeTransport:
         except Exception:  # not up yet: the caller reports the slot as starting
             return None
         return self._info[key]
+
+    async def health(self, model: str, slot: int, timeout_s: float) -> str:
+        """``healthy`` when the slot replica's own health check (its engine's /health)
+        passes within ``timeout_s``, else ``unavailable`` (dead, restarting or starting)."""
+        try:
+            await asyncio.wait_for(self.handles[model][slot].check_health.remote(), timeout_s)
+        except Exception:  # noqa: BLE001 - any failure means not serving now
+            return "unavailable"
+        return "healthy"
 
     def _gate(self, key: tuple[str, int], info: SlotInfo) -> _Gate:
         gate = self._gates.get(key)

@@ -264,11 +264,14 @@ class RewardGateway:
         for spec in self.config.models:
             infos = await asyncio.gather(*(self.transport.describe(spec.name, s, timeout_s)
                                            for s in range(spec.replicas)))
+            health = await asyncio.gather(*(self.transport.health(spec.name, s, timeout_s)
+                                            for s in range(spec.replicas)))
             modes = {i.mode for i in infos if i is not None}
             cards.append(ModelCard(
                 id=spec.name, kind=spec.kind,
                 determinism=modes.pop() if len(modes) == 1 else spec.determinism,
                 slots=spec.replicas,
                 seed_policy=spec.seed.policy if spec.kind == "generative" else None,
-                fingerprints=[i.fingerprint if i else None for i in infos]))
+                fingerprints=[i.fingerprint if i else None for i in infos],
+                health=list(health)))
         return ModelList(data=cards)

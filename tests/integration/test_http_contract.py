@@ -51,6 +51,7 @@ def test_models_list(gateway):
     assert cards["judge"]["kind"] == "generative" and cards["judge"]["slots"] == 2
     assert cards["rm"]["kind"] == "discriminative" and cards["rm"]["determinism"] == "serialize"
     assert all(fp and "model=" in fp for fp in cards["rm"]["fingerprints"])
+    assert cards["rm"]["health"] == ["healthy", "healthy"]
 
 
 @pytest.mark.parametrize("path,content,status", [

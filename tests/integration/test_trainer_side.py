@@ -14,22 +14,12 @@ import httpx
 import openai
 import pytest
 
-from deployments.demo_training import sums_split
+from deployments.demo_training import sum_items, sums_split
 from gateway.client import RewardClient
 from gateway.integrations.verl import compute_score
 from tests.integration.test_http_contract import _engine_launcher_pid
 
 pytestmark = pytest.mark.integration
-
-
-def sum_items(n: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a, b = rng.randrange(10), rng.randrange(10)
-        c = a + b if rng.random() < 0.5 else rng.randrange(19)
-        out.append({"prompt": f"{a}+{b}=", "response": str(c), "label": str(a + b)})
-    return out
 
 
 def _key(item: dict) -> str:

@@ -55,6 +55,9 @@ class FakeTransport:
         return SlotInfo(url="http://x", fingerprint=f"fp-{model}-{slot}", mode="serialize",
                         max_inflight=1)
 
+    async def health(self, model: str, slot: int, timeout_s: float) -> str:
+        return "healthy"
+
 
 @pytest.fixture
 def transport() -> FakeTransport:
@@ -232,6 +235,7 @@ async def test_models_and_health(client):
     assert [(m["id"], m["kind"], m["slots"]) for m in data["data"]] == \
         [("judge", "generative", 3), ("rm", "discriminative", 2)]
     assert data["data"][0]["determinism"] == "serialize"
+    assert data["data"][0]["health"] == ["healthy"] * 3
     assert (await client.get("/health")).json() == {"status": "ok"}
 
 

@@ -98,6 +98,9 @@ class EchoTransport:
     async def describe(self, model, slot, timeout_s):
         return None
 
+    async def health(self, model, slot, timeout_s):
+        return "unavailable"
+
 
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/classify", "/pooling", "/v1/rewards",
              "/get_reward", "/v1/models", "/health", "/metrics", "/nope"]
