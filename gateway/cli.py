@@ -48,6 +48,12 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
                 body = '{"model": "%s", "input": ["2+3=5", "2+3=6"]}' % model["name"]
                 lines.append(f"curl -s {url}/classify -H 'Content-Type: application/json' "
                              f"-d '{body}'")
+    default = ((cfg["applications"][0].get("args") or {}).get("gateway") or {}).get(
+        "default_reward_model")
+    if default:
+        body = '{"items": [{"prompt": "3+4=", "response": "7"}, {"prompt": "3+4=", "response": "9"}]}'
+        lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'")
+    lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)
 
 
