@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from gateway.config import ModelSpec
 from gateway.errors import GatewayError
 from gateway.keys import canonical_json
-from gateway.scoring import judge_prompt, make_parser
+from gateway.scoring import judge_prompt
 from gateway.service import GatewayResponse, RewardGateway, parse_json_object, validate
 
 Label = Union[StrictStr, StrictInt, StrictFloat, None]
@@ -65,7 +65,6 @@ class RewardScorer:
 
     def __init__(self, gateway: RewardGateway) -> None:
         self.gateway = gateway
-        self._parsers = {m.name: make_parser(m.scorer) for m in gateway.config.models}
 
     def reward_model(self, name: str | None) -> ModelSpec:
         cfg = self.gateway.config
@@ -108,7 +107,7 @@ class RewardScorer:
         body = {"model": spec.name, "messages": [{"role": "user", "content": content}]}
         resp = await self._call("/v1/chat/completions", body, index)
         text = json.loads(resp.body)["choices"][0]["message"]["content"] or ""
-        parsed = self._parsers[spec.name](text)
+        parsed = self.gateway.parsers[spec.name](text)
         detail = {"index": index, **_headers_detail(resp), "judge_text": text,
                   "parsed": parsed is not None}
         if parsed is None:

@@ -23,6 +23,7 @@ from gateway.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                ModelCard, ModelList)
 from gateway.routing import EngineReply, Transport
+from gateway.scoring import make_parser
 
 logger = logging.getLogger("rmgate")
 
@@ -113,6 +114,8 @@ class RewardGateway:
         self.config = config
         self.transport = transport
         self.api_keys = config.gateway.load_api_keys()
+        #: Score parsers per model, built once (not per /v1/rewards request).
+        self.parsers = {m.name: make_parser(m.scorer) for m in config.models}
         for spec in config.models:
             metrics.SLOTS.labels(spec.name).set(spec.replicas)
 
