@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from ray import serve
+from ray.serve import Application
 
 from deployments.engine_args import detect_platform, plan_engine
 from deployments.engine_process import EngineProcess, free_port
@@ -72,3 +73,12 @@ class SlotReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+def build_slot(args: dict[str, Any]) -> Application:
+    """One slot as its own Serve application (``{"spec": ModelSpec, "slot": i}``), so that
+    adding or removing slots never changes this application's version (``gateway.topology``)."""
+    spec = ModelSpec(**args["spec"])
+    slot = int(args["slot"])
+    return SlotReplica.options(ray_actor_options=spec.ray_actor_options).bind(
+        spec.model_dump(), slot)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -30,9 +29,17 @@ def load_serve_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _import_attr(path: str) -> Any:
-    module, _, attr = path.replace(":", ".").rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+def render(cfg: dict[str, Any]) -> dict[str, Any]:
+    from gateway import topology
+
+    return topology.render(cfg)
+
+
+def _startup_timeout(rendered: dict[str, Any]) -> float:
+    """Long enough for the slowest slot to start (its ``startup_timeout_s``) plus Serve."""
+    limits = [float((a.get("args") or {}).get("spec", {}).get("startup_timeout_s", 600))
+              for a in rendered["applications"]]
+    return max(limits, default=600.0) + 120.0
 
 
 def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
@@ -63,6 +70,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     import ray
     from ray import serve
 
+    from gateway.serve_admin import deploy_local
+
     cfg = load_serve_config(config)
     http = dict(cfg.get("http_options") or {})
     host = host or http.get("host", "127.0.0.1")
@@ -75,10 +84,9 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                        dashboard_host="127.0.0.1", log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
-        for application in cfg["applications"]:
-            builder = _import_attr(application["import_path"])
-            serve.run(builder(application.get("args") or {}), name=application.get("name", "default"),
-                      route_prefix=application.get("route_prefix", "/"), blocking=False)
+        rendered = render(cfg)
+        rendered["http_options"] = {"host": host, "port": port}
+        deploy_local(rendered, timeout_s=_startup_timeout(rendered))
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
             # Ray 2.60 turns token auth on for the cluster; its CLI reads the token
@@ -109,6 +117,48 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
           ) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
     run_serve_config(config, host, port, dashboard=dashboard)
+
+
+@app.command("render")
+def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                                 help="A compact rmgate Serve config."),
+                   port: Optional[int] = typer.Option(None, help="Override http_options.port."),
+                   output: Optional[Path] = typer.Option(None, "-o", "--output")) -> None:
+    """Print the per-slot Serve config that `rmgate serve` deploys (for `serve deploy`).
+
+    Edit `replicas` in CONFIG, render again and `serve deploy` the result: only the added
+    or removed slots start or stop; the ingress picks up the new counts in place."""
+    import yaml
+
+    rendered = render(load_serve_config(config))
+    if port is not None:
+        rendered.setdefault("http_options", {})["port"] = port
+    text = yaml.safe_dump(rendered, sort_keys=False)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+@app.command()
+def scale(model: str = typer.Argument(..., help="The served model to rescale."),
+          replicas: int = typer.Argument(..., min=1, help="Its new number of slots."),
+          address: str = typer.Option(None, envvar="RAY_DASHBOARD_ADDRESS",
+                                      help="Ray dashboard (default http://127.0.0.1:8265)."),
+          timeout: float = typer.Option(900.0, help="Seconds to wait for each step.")) -> None:
+    """Change a model's slot count on a running gateway without restarting other slots.
+
+    Up: starts the new slot applications, then lets the ingress route to them. Down: stops
+    routing to the removed slots, then removes them. Requests keep flowing throughout."""
+    from gateway.serve_admin import DEFAULT_ADDRESS, ServeAdmin
+
+    admin = ServeAdmin(address or DEFAULT_ADDRESS)
+    try:
+        previous = admin.scale(model, replicas, timeout, log=typer.echo)
+    except (ValueError, RuntimeError, TimeoutError) as exc:
+        typer.echo(f"rmgate scale: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{model}: {previous} -> {replicas} slots")
 
 
 @app.command("make-demo-models")

@@ -8,7 +8,9 @@ ingress can refuse work it cannot queue (503 + Retry-After) instead of hoarding 
 
 A request never moves to another slot: when a slot's engine is unreachable, the request
 waits (up to ``slot_wait_s``) for Ray Serve to restart that replica, because another
-slot could answer with other bits.
+slot could answer with other bits. The one exception is a slot that scaling removed
+(``set_slot_counts``): its requests are handed back (``SlotRemoved``) to be routed by
+their key under the new count, which is where every later request with that key goes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class EngineReply:
 
 class SlotUnavailable(GatewayError):
     """A slot's engine stayed unreachable for the whole wait."""
+
+
+class SlotRemoved(SlotUnavailable):
+    """The slot was scaled away while a request was bound for it; the caller routes the
+    request again under the new slot count (its key's slot there, not a failover)."""
 
 
 @dataclass
@@ -106,10 +113,22 @@ class ServeTransport:
         self.settings = settings
         self.queue_limits = queue_limits or {}
         self._info: dict[tuple[str, int], SlotInfo] = {}
+        #: Current slots per model (the ingress's ``user_config``); slots at or above the
+        #: count are gone or going.
+        self.slot_counts: dict[str, int] = {}
         self._gates: dict[tuple[str, int], _Gate] = {}
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.request_timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+
+    def set_slot_counts(self, counts: dict[str, int]) -> None:
+        self.slot_counts.update(counts)
+        for model, slot in list(self._info):
+            if slot >= self.slot_counts.get(model, slot + 1):
+                self._info.pop((model, slot), None)
+
+    def _removed(self, model: str, slot: int) -> bool:
+        return slot >= self.slot_counts.get(model, slot + 1)
 
     async def _fetch_info(self, model: str, slot: int, timeout_s: float) -> SlotInfo:
         raw = await asyncio.wait_for(self.handles[model][slot].endpoint.remote(), timeout_s)
@@ -174,6 +193,8 @@ class ServeTransport:
             wait_s = self.settings.slot_wait_s if last else self.settings.failover_after_s
             try:
                 reply = await self._post_slot(model, target, path, body, wait_s)
+            except SlotRemoved:
+                raise
             except SlotUnavailable:
                 if last:
                     raise
@@ -191,6 +212,9 @@ class ServeTransport:
         timeout_s = REQUEST_TIMEOUT_S.get() or self.settings.request_timeout_s
         engine_5xx = 0
         while True:
+            if self._removed(model, slot):
+                raise SlotRemoved(503, f"slot {model}-{slot} was scaled away", "slot_removed",
+                                  headers={"Retry-After": "1"})
             remaining = deadline - time.monotonic()
             try:
                 info = self._info.get(key)

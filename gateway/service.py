@@ -22,10 +22,13 @@ from gateway.hashing import slot_for_key, slot_ranking
 from gateway.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                ModelCard, ModelList)
-from gateway.routing import EngineReply, Transport
+from gateway.routing import EngineReply, SlotRemoved, Transport
 from gateway.scoring import make_parser
 
 logger = logging.getLogger("rmgate")
+
+#: How often one request may be re-routed because scaling removed its slot under it.
+MAX_REROUTES = 4
 
 ACTIVATION_SYNONYMS = ("activation", "softmax")
 GENERATE_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest,
@@ -116,8 +119,36 @@ class RewardGateway:
         self.api_keys = config.gateway.load_api_keys()
         #: Score parsers per model, built once (not per /v1/rewards request).
         self.parsers = {m.name: make_parser(m.scorer) for m in config.models}
-        for spec in config.models:
-            metrics.SLOTS.labels(spec.name).set(spec.replicas)
+        self.set_slot_counts({spec.name: spec.replicas for spec in config.models})
+
+    def set_slot_counts(self, counts: dict[str, int]) -> None:
+        """Route ``model`` over ``counts[model]`` slots from now on (a scale event: the
+        ingress's ``user_config`` changed). Jump hashing moves only the keys it must."""
+        for spec in self.config.models:
+            if spec.name in counts:
+                spec.replicas = counts[spec.name]
+                metrics.SLOTS.labels(spec.name).set(spec.replicas)
+        unknown = set(counts) - {m.name for m in self.config.models}
+        if unknown:
+            logger.warning("slot counts for unknown models ignored: %s", sorted(unknown))
+        setter = getattr(self.transport, "set_slot_counts", None)
+        if setter is not None:
+            setter({m.name: m.replicas for m in self.config.models})
+
+    async def _post_key(self, spec: ModelSpec, key: int, path: str,
+                        body: bytes) -> tuple[int, EngineReply]:
+        """Send to the key's slot; when a scale-down removes that slot under the request,
+        send it to the key's slot under the new count (same bits: homogeneous replicas)."""
+        for _ in range(MAX_REROUTES):
+            slot = slot_for_key(key, spec.replicas)
+            try:
+                return slot, await self.transport.post(spec.name, slot, path, body,
+                                                       fallbacks=self._fallbacks(key, spec))
+            except SlotRemoved:
+                logger.info("slot %s-%d was scaled away; routing %s again", spec.name, slot,
+                            key_hex(key))
+        raise GatewayError(503, f"model {spec.name} is being rescaled; retry", "slot_unavailable",
+                           headers={"Retry-After": "1"})
 
     # ---- model resolution -------------------------------------------------------------
     def resolve_model(self, name: str | None, kind: str) -> ModelSpec:
@@ -153,9 +184,7 @@ class RewardGateway:
         if body.get("seed", 0) is None:
             del body["seed"]  # an explicit null is the same request as no seed
         key = request_key(path, body)
-        slot = slot_for_key(key, spec.replicas)
-        headers = {"x-rmgate-model": spec.name, "x-rmgate-key": key_hex(key),
-                   "x-rmgate-slot": str(slot)}
+        headers = {"x-rmgate-model": spec.name, "x-rmgate-key": key_hex(key)}
         seed = body.get("seed")
         if seed is None:
             if spec.seed.policy == "require":
@@ -170,8 +199,8 @@ class RewardGateway:
             headers["x-rmgate-seed"] = str(seed)
         engine_body.pop("stream", None)
         engine_body.pop("stream_options", None)
-        reply = await self.transport.post(spec.name, slot, path, canonical_json(engine_body),
-                                          fallbacks=self._fallbacks(key, spec))
+        slot, reply = await self._post_key(spec, key, path, canonical_json(engine_body))
+        headers["x-rmgate-slot"] = str(slot)
         self._note_failover(headers, [slot], [reply])
         logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
                                                 "key": headers["x-rmgate-key"],
@@ -202,11 +231,10 @@ class RewardGateway:
                                    param="input")
         item_bodies = [body if item is None else {**body, "input": item} for item in items]
         keys = [request_key(path, b) for b in item_bodies]
-        slots = [slot_for_key(k, spec.replicas) for k in keys]
-        replies = await asyncio.gather(*(
-            self.transport.post(spec.name, s, path, canonical_json(b),
-                                fallbacks=self._fallbacks(k, spec))
-            for s, b, k in zip(slots, item_bodies, keys)))
+        routed = await asyncio.gather(*(self._post_key(spec, k, path, canonical_json(b))
+                                        for b, k in zip(item_bodies, keys)))
+        slots = [slot for slot, _ in routed]
+        replies = [reply for _, reply in routed]
         headers = {"x-rmgate-model": spec.name,
                    "x-rmgate-key": key_hex(whole_key if is_list else keys[0]),
                    "x-rmgate-slot": ",".join(map(str, slots))}

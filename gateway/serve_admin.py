@@ -1,0 +1,115 @@
+"""Applying the per-slot layout to a running Serve: at start-up and when scaling.
+
+``rmgate serve`` applies its rendered config through the Serve controller (the same call
+``serve deploy`` ends in, so the deployment is declarative and later ``serve deploy`` /
+``rmgate scale`` edits it in place). ``rmgate scale`` talks to Serve's REST API on the
+Ray dashboard, like ``serve deploy`` does, and applies ``topology.scale_steps`` in order,
+waiting for each step to be running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gateway import topology
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}
+
+
+def use_ray_token_if_present() -> None:
+    """Ray 2.60 turns token auth on for local clusters; its HTTP SDK sends the token
+    (``~/.ray/auth_token``) only when ``RAY_AUTH_MODE=token``."""
+    if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").exists():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def deploy_local(config: dict[str, Any], timeout_s: float) -> None:
+    """Apply ``config`` (a Serve deploy config) to the Serve started in this process and
+    wait until every application runs."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    names = {a["name"] for a in config["applications"]}
+
+    def statuses() -> dict[str, str]:
+        apps = serve.status().applications
+        return {name: str(getattr(app.status, "value", app.status)) for name, app in apps.items()}
+
+    wait_until_running(statuses, names, timeout_s)
+
+
+def wait_until_running(statuses: Callable[[], dict[str, str]], names: set[str],
+                       timeout_s: float, gone: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = statuses()
+        failed = {n: s for n, s in now.items() if n in names and s in FAILED}
+        if failed:
+            raise RuntimeError(f"Serve applications failed: {failed}")
+        if all(now.get(n) == "RUNNING" for n in names) and not (gone & set(now)):
+            return
+        if time.monotonic() > deadline:
+            pending = {n: now.get(n) for n in names if now.get(n) != "RUNNING"}
+            raise TimeoutError(f"not running after {timeout_s:.0f}s: {pending}; "
+                               f"still present: {sorted(gone & set(now))}")
+        time.sleep(1.0)
+
+
+class ServeAdmin:
+    """Serve's REST API on the dashboard (what ``serve deploy`` / ``serve status`` use)."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
+        use_ray_token_if_present()
+        from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+        self.client = ServeSubmissionClient(address)
+
+    def details(self) -> dict[str, Any]:
+        return self.client.get_serve_details()
+
+    def applications(self) -> list[dict[str, Any]]:
+        """The deployed application configs (as given to ``serve deploy``)."""
+        apps = []
+        for name, app in (self.details().get("applications") or {}).items():
+            conf = app.get("deployed_app_config")
+            if conf is None:
+                raise RuntimeError(f"application {name!r} was not deployed from a config "
+                                   "(serve.run?); start it with `rmgate serve` or "
+                                   "`serve deploy` of `rmgate render` output")
+            apps.append(conf)
+        return apps
+
+    def statuses(self) -> dict[str, str]:
+        return {name: app.get("status") for name, app in
+                (self.details().get("applications") or {}).items()}
+
+    def apply(self, apps: list[dict[str, Any]], timeout_s: float) -> None:
+        details = self.details()
+        before = set(details.get("applications") or {})
+        http = details.get("http_options") or {}
+        config: dict[str, Any] = {"applications": apps}
+        if http:
+            config["http_options"] = {k: http[k] for k in ("host", "port") if k in http}
+        self.client.deploy_applications(config)
+        names = {a["name"] for a in apps}
+        wait_until_running(self.statuses, names, timeout_s, gone=before - names)
+
+    def scale(self, model: str, n: int, timeout_s: float,
+              log: Callable[[str], None] = print) -> int:
+        """Move ``model`` to ``n`` slots in the gap-free order; returns the previous count."""
+        apps = self.applications()
+        steps = topology.scale_steps(apps, model, n)  # raises for an unknown model
+        previous = topology.slot_counts(apps)[model]
+        labels = (["starting the new slots", "routing to them"] if n > previous
+                  else ["routing to fewer slots", "removing the unused slots"])
+        for i, (step, label) in enumerate(zip(steps, labels), 1):
+            log(f"[{i}/{len(steps)}] {model} {previous} -> {n}: {label}")
+            self.apply(step, timeout_s)
+        return previous

@@ -1,0 +1,149 @@
+"""The scalable layout: one Serve application per slot plus one ingress application.
+
+Ray Serve versions every deployment of an application by a hash of the application's
+``args`` (``deploy_utils.get_app_code_version``). With all slots in one application, any
+change of ``replicas`` would change that hash and restart every engine. So ``rmgate serve``
+expands the compact config (one application, ``gateway.app:build_app``) into:
+
+* ``rmgate``: the ingress (``gateway.app:build_ingress``). Its ``args`` hold the models
+  *without* their slot counts; the counts live in the ingress deployment's
+  ``user_config``, which Serve applies in place (``reconfigure``), without a restart.
+* ``<model>-<slot>``: one application per slot (``deployments.replica:build_slot``) whose
+  ``args`` are the model (again without ``replicas``) and the slot index. Adding slot 2
+  adds an application; slots 0 and 1 keep their ``args``, hence their version and engine.
+
+The rendered file is a plain Serve config: ``serve deploy`` accepts it, and ``rmgate
+scale`` edits the same structure through Serve's REST API.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gateway.config import AppConfig
+
+INGRESS_APP = "rmgate"
+INGRESS_DEPLOYMENT = "gateway"
+INGRESS_IMPORT = "gateway.app:build_ingress"
+SLOT_IMPORT = "deployments.replica:build_slot"
+SLOT_DEPLOYMENT = "SlotReplica"
+COMPACT_IMPORT = "gateway.app:build_app"
+
+
+def slot_app_name(model: str, slot: int) -> str:
+    return f"{model}-{slot}"
+
+
+def _model_without_replicas(model: dict[str, Any]) -> dict[str, Any]:
+    out = dict(model)
+    out.pop("replicas", None)
+    return out
+
+
+def slot_app(model: dict[str, Any], slot: int) -> dict[str, Any]:
+    """The Serve application of one slot (``model`` is a validated ``ModelSpec`` dump)."""
+    return {"name": slot_app_name(model["name"], slot), "route_prefix": None,
+            "import_path": SLOT_IMPORT,
+            "args": {"spec": _model_without_replicas(model), "slot": slot}}
+
+
+def ingress_app(config: AppConfig, route_prefix: str = "/") -> dict[str, Any]:
+    dumped = config.model_dump(mode="json")
+    args = {**dumped, "models": [_model_without_replicas(m) for m in dumped["models"]]}
+    return {"name": INGRESS_APP, "route_prefix": route_prefix, "import_path": INGRESS_IMPORT,
+            "args": args,
+            "deployments": [{"name": INGRESS_DEPLOYMENT,
+                             "user_config": {"slots": {m.name: m.replicas
+                                                       for m in config.models}}}]}
+
+
+def render(serve_config: dict[str, Any]) -> dict[str, Any]:
+    """Expand a compact Serve config (its ``build_app`` application) into the scalable one.
+
+    Model paths are resolved here, in the process that reads the file, because Ray's
+    worker processes may run in another directory. Already-expanded configs pass through.
+    """
+    out = copy.deepcopy({k: v for k, v in serve_config.items() if k != "applications"})
+    apps: list[dict[str, Any]] = []
+    for application in serve_config["applications"]:
+        if application.get("import_path") != COMPACT_IMPORT:
+            apps.append(copy.deepcopy(application))
+            continue
+        cfg = AppConfig.model_validate(application.get("args") or {})
+        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/"))
+        for model in cfg.models:
+            dumped = model.model_dump(mode="json")
+            apps.extend(slot_app(dumped, i) for i in range(model.replicas))
+    out["applications"] = apps
+    return out
+
+
+def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
+    """The slot counts the ingress application routes with."""
+    ingress = _ingress(apps)
+    for deployment in ingress.get("deployments") or []:
+        if deployment.get("name") == INGRESS_DEPLOYMENT:
+            return dict((deployment.get("user_config") or {}).get("slots") or {})
+    raise ValueError("the ingress application has no slot counts (user_config.slots)")
+
+
+def _ingress(apps: list[dict[str, Any]]) -> dict[str, Any]:
+    found = [a for a in apps if a.get("import_path") == INGRESS_IMPORT]
+    if len(found) != 1:
+        raise ValueError(f"expected one rmgate ingress application ({INGRESS_IMPORT}), "
+                         f"found {len(found)}; was this deployment started by `rmgate serve` "
+                         "or from `rmgate render`?")
+    return found[0]
+
+
+def with_slot_count(apps: list[dict[str, Any]], model: str, n: int) -> list[dict[str, Any]]:
+    """``apps`` with the ingress routing ``model`` over ``n`` slots (slot apps untouched)."""
+    apps = copy.deepcopy(apps)
+    ingress = _ingress(apps)
+    for deployment in ingress.setdefault("deployments", []):
+        if deployment.get("name") == INGRESS_DEPLOYMENT:
+            deployment.setdefault("user_config", {}).setdefault("slots", {})[model] = n
+    return apps
+
+
+def with_slot_apps(apps: list[dict[str, Any]], model: str, n: int) -> list[dict[str, Any]]:
+    """``apps`` with exactly the slot applications ``model-0 … model-(n-1)``.
+
+    New slots copy an existing slot's ``args`` (homogeneous replicas by construction);
+    existing ones are kept byte for byte, so Serve leaves their engines alone."""
+    apps = copy.deepcopy(apps)
+    mine = {a["args"]["slot"]: a for a in apps
+            if a.get("import_path") == SLOT_IMPORT and a["args"]["spec"]["name"] == model}
+    if not mine:
+        raise ValueError(f"no slot application of model {model!r} is deployed")
+    template = mine[min(mine)]
+    keep = [a for a in apps if not (a.get("import_path") == SLOT_IMPORT
+                                    and a["args"]["spec"]["name"] == model
+                                    and a["args"]["slot"] >= n)]
+    added = [{**copy.deepcopy(template), "name": slot_app_name(model, i),
+              "args": {"spec": copy.deepcopy(template["args"]["spec"]), "slot": i}}
+             for i in range(n) if i not in mine]
+    return keep + added
+
+
+def scale_steps(apps: list[dict[str, Any]], model: str, n: int) -> list[list[dict[str, Any]]]:
+    """The configs to apply, in order, to move ``model`` to ``n`` slots without a gap.
+
+    Up: start the new slots first, then let the ingress route to them. Down: stop routing
+    to the removed slots first, then remove them. (A one-shot ``serve deploy`` of the end
+    state also works: requests wait for a slot that is still starting, and requests caught
+    on a removed slot are sent to their key's slot under the new count.)"""
+    if n < 1:
+        raise ValueError("a model needs at least one slot")
+    counts = slot_counts(apps)
+    if model not in counts:
+        raise ValueError(f"model {model!r} is not served; served: {sorted(counts)}")
+    current = counts[model]
+    if n == current:
+        return []
+    if n > current:
+        started = with_slot_apps(apps, model, n)
+        return [started, with_slot_count(started, model, n)]
+    routed = with_slot_count(apps, model, n)
+    return [routed, with_slot_apps(routed, model, n)]

@@ -1,0 +1,75 @@
+"""The per-slot layout: scaling touches only the slots concerned (by Ray's own versioning)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ray.serve._private.deploy_utils import get_app_code_version
+from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
+
+from gateway import topology
+
+COMPACT = {
+    "http_options": {"host": "127.0.0.1", "port": 8000},
+    "applications": [{
+        "name": "rmgate", "route_prefix": "/", "import_path": topology.COMPACT_IMPORT,
+        "args": {"models": [
+            {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
+            {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2},
+        ]}}],
+}
+
+
+def versions(apps: list[dict]) -> dict[str, str]:
+    return {a["name"]: get_app_code_version(ServeApplicationSchema(**a)) for a in apps}
+
+
+def test_render_makes_an_ingress_and_one_app_per_slot():
+    rendered = topology.render(COMPACT)
+    ServeDeploySchema.model_validate(rendered)  # a valid `serve deploy` config
+    names = [a["name"] for a in rendered["applications"]]
+    assert names == ["rmgate", "judge-0", "judge-1", "rm-0", "rm-1"]
+    assert topology.slot_counts(rendered["applications"]) == {"judge": 2, "rm": 2}
+    for app in rendered["applications"][1:]:
+        assert app["route_prefix"] is None and "replicas" not in app["args"]["spec"]
+    assert all("replicas" not in m for m in rendered["applications"][0]["args"]["models"])
+    assert topology.render(rendered) == rendered  # already expanded: unchanged
+
+
+@pytest.mark.parametrize("start,target", [(2, 3), (3, 2), (2, 5), (4, 1)])
+def test_scaling_changes_no_remaining_apps_version(start, target):
+    """Ray restarts a deployment when its app's code version changes: scaling must leave
+    every surviving app's version (slots and ingress) as it was."""
+    compact = copy.deepcopy(COMPACT)
+    compact["applications"][0]["args"]["models"][1]["replicas"] = start
+    apps = topology.render(compact)["applications"]
+    before = versions(apps)
+    steps = topology.scale_steps(apps, "rm", target)
+    assert len(steps) == 2
+    final = steps[-1]
+    after = versions(final)
+    assert {n: after[n] for n in before if n in after} == {n: before[n] for n in after
+                                                           if n in before}
+    assert sorted(n for n in after if n.startswith("rm-")) == [f"rm-{i}" for i in range(target)]
+    assert topology.slot_counts(final) == {"judge": 2, "rm": target}
+    # the expanded config of the target count is what a plain `serve deploy` would apply
+    compact["applications"][0]["args"]["models"][1]["replicas"] = target
+    assert versions(topology.render(compact)["applications"]) == after
+    # the order: up starts slots before routing to them; down stops routing first
+    first = steps[0]
+    if target > start:
+        assert topology.slot_counts(first)["rm"] == start and len(first) == len(final)
+    else:
+        assert topology.slot_counts(first)["rm"] == target and len(first) == len(apps)
+
+
+def test_scale_errors():
+    apps = topology.render(COMPACT)["applications"]
+    assert topology.scale_steps(apps, "rm", 2) == []
+    with pytest.raises(ValueError, match="not served"):
+        topology.scale_steps(apps, "nope", 3)
+    with pytest.raises(ValueError, match="at least one"):
+        topology.scale_steps(apps, "rm", 0)
+    with pytest.raises(ValueError, match="ingress"):
+        topology.scale_steps(apps[1:], "rm", 3)
