@@ -59,13 +59,14 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
-def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
+                       headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"rmgate exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
         try:
-            models = httpx.get(url + "/v1/models", timeout=5).json()
+            models = httpx.get(url + "/v1/models", timeout=5, headers=headers).json()
             if all(None not in m["fingerprints"] for m in models["data"]):
                 return
         except (httpx.HTTPError, ValueError, KeyError, TypeError):

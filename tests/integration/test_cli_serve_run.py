@@ -1,43 +1,62 @@
-"""Ray Serve's own ``serve run CONFIG`` starts the same application as ``rmgate serve``.
+"""A second deployment style and the opt-in gateway settings, end to end.
 
-Runs before the session's gateway starts (file order), so ``serve run`` starts its own
-local Ray; it is stopped with Ctrl-C (SIGINT) like a user would, and must leave nothing.
+Ray Serve's own ``serve run CONFIG`` starts the compact layout (all slots in one
+application) with API-key auth and ``failover: next_slot``. Runs before the session's
+gateway starts (file order), so ``serve run`` has its own local Ray; it is stopped with
+Ctrl-C (SIGINT) like a user would, and must leave nothing behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from gateway.client import RewardClient
 from tests.integration.conftest import (REPO, free_port, processes_with_env, stop_process_group,
                                         wait_until_serving)
+from tests.integration.test_http_contract import _engine_launcher_pid
+from deployments.demo_training import sum_items
 
 pytestmark = pytest.mark.integration
 
+KEY = "test-key-0123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
-def test_serve_run_config_serves_and_shuts_down(demo_models, tmp_path):
+
+@pytest.fixture(scope="module")
+def serve_run(demo_models, tmp_path_factory):
+    """(url, engine log dir) of ``serve run`` on rm x2, auth on, failover next_slot."""
+    tmp = tmp_path_factory.mktemp("serve-run")
     port = free_port()
     config = {
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{
             "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
             "args": {"models": [{"name": "rm", "kind": "discriminative",
-                                 "model_path": str(demo_models / "disrm"), "replicas": 1,
+                                 "model_path": str(demo_models / "disrm"), "replicas": 2,
                                  "engine_args": {"dtype": "float32", "max_model_len": 512,
-                                                 "enforce_eager": True}}]}}],
+                                                 "enforce_eager": True}}],
+                     "gateway": {"failover": "next_slot", "failover_after_s": 1.0,
+                                 "slot_wait_s": 240, "api_keys_env": "RMGATE_TEST_KEYS"}}}],
     }
-    cfg_path = tmp_path / "serve-run.yaml"
+    cfg_path = tmp / "serve-run.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    log = tmp_path / "serve-run.log"
-    marker = str(tmp_path / "engines")
-    env = {**os.environ, "RMGATE_LOG_DIR": marker, "HF_HUB_OFFLINE": "1"}
+    log = tmp / "serve-run.log"
+    marker = str(tmp / "engines")
+    env = {**os.environ, "RMGATE_LOG_DIR": marker, "HF_HUB_OFFLINE": "1",
+           "RMGATE_TEST_KEYS": f"other-key,{KEY}"}
     env.pop("RAY_ADDRESS", None)
     serve_bin = Path(sys.executable).parent / "serve"
     with open(log, "wb") as fh:
@@ -45,11 +64,92 @@ def test_serve_run_config_serves_and_shuts_down(demo_models, tmp_path):
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(url, proc, log, 600)
-        r = httpx.post(url + "/classify", json={"input": ["2+3=5", "2+3=6"]}, timeout=60)
-        assert r.status_code == 200, r.text
-        assert len(r.json()["data"]) == 2 and r.headers["x-rmgate-slot"] == "0,0"
+        wait_until_serving(url, proc, log, 600, headers=AUTH)
+        yield url, Path(marker)
     finally:
         stop_process_group(proc)
-    time.sleep(2)
-    assert not processes_with_env(marker), "serve run left processes behind"
+        time.sleep(2)
+        assert not processes_with_env(marker), "serve run left processes behind"
+
+
+def test_serve_run_config_serves_with_auth(serve_run):
+    url, _ = serve_run
+    body = {"input": ["2+3=5", "2+3=6"]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}):
+        r = httpx.post(url + "/classify", json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        assert r.headers["www-authenticate"] == "Bearer"
+    for path in ("/v1/rewards", "/get_reward", "/v1/chat/completions", "/v1/models"):
+        assert httpx.post(url + path, json={}, timeout=60).status_code in (401, 405)
+    assert httpx.get(url + "/v1/models", timeout=60).status_code == 401
+    assert httpx.get(url + "/health", timeout=60).status_code == 200  # open
+    assert httpx.get(url + "/metrics", timeout=60).status_code == 200  # open
+    r = httpx.post(url + "/classify", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 2
+    same = httpx.post(url + "/classify", json=body, headers={"X-Api-Key": KEY}, timeout=60)
+    assert same.content == r.content
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(["/classify", "/pooling", "/v1/chat/completions", "/v1/completions",
+                             "/v1/rewards", "/get_reward"]),
+       body=st.one_of(
+           st.binary(max_size=300),
+           st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
+                        st.text(max_size=50),
+                        lambda c: st.lists(c, max_size=4) | st.dictionaries(
+                            st.sampled_from(["model", "input", "messages", "items", "query",
+                                             "seed", "max_tokens", "x"]), c, max_size=4),
+                        max_leaves=12).map(lambda v: json.dumps(v).encode())))
+def test_live_fuzz_never_5xx(serve_run, path, body):
+    """The ASGI-level fuzz (tests/unit) again, over real HTTP against real engines."""
+    url, _ = serve_run
+    r = httpx.post(url + path, content=body, headers={**AUTH, "content-type": "application/json"},
+                   timeout=120)
+    assert r.status_code < 500, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    r.json()
+
+
+def test_next_slot_failover_under_load(serve_run):
+    """Kill rm-0's engine under a 500-request load with ``failover: next_slot``: every
+    request is answered once, slot-0 keys move to slot 1 (marked by header and metric),
+    and with homogeneous replicas the rewards are still bitwise equal."""
+    url, engines = serve_run
+    items = sum_items(500, seed=11)
+    reference = RewardClient(url, model="rm", concurrency=8, api_key=KEY).score(items)
+    metric_before = _failovers(url)
+    port = int(max(engines.glob("rm-0-*.log"), key=lambda p: p.stat().st_mtime).stem
+               .rsplit("-", 1)[1])
+    result: dict = {}
+
+    def run() -> None:
+        result["rewards"] = RewardClient(url, model="rm", concurrency=4, batch_size=1,
+                                         api_key=KEY).score(items)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(1.0)
+    os.killpg(_engine_launcher_pid(port), signal.SIGKILL)
+    # while slot 0 is down, one of its requests shows the failover
+    marked = None
+    deadline = time.monotonic() + 60
+    while marked is None and time.monotonic() < deadline:
+        for text in (f"{a}+{a}={a}" for a in range(40)):
+            r = httpx.post(url + "/classify", json={"input": text}, headers=AUTH, timeout=120)
+            if "x-rmgate-failover" in r.headers:
+                marked = r.headers
+                break
+    worker.join(timeout=600)
+    assert not worker.is_alive()
+    assert result["rewards"] == reference
+    assert marked is not None and marked["x-rmgate-failover"] == "0->1", marked
+    assert marked["x-rmgate-slot"] == "1"
+    assert _failovers(url) > metric_before
+
+
+def _failovers(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("rmgate_failovers_total{"))
