@@ -26,7 +26,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.conftest import free_port, stop_process_group, wait_until_serving  # noqa: E402
+from benchmarks.harness import free_port, stop_process_group, wait_until_serving  # noqa: E402
 
 
 def _percentile(xs: list[float], q: float) -> float:

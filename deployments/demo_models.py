@@ -122,6 +122,14 @@ def tokenizer_config() -> dict[str, Any]:
     }
 
 
+#: Random models shaped like Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads, 2 KV heads) for
+#: the GPU benchmark (benchmarks/gpu): large enough that batching changes kernels on CUDA.
+GPU_BENCH_MODELS: tuple[DemoModelSpec, ...] = (
+    DemoModelSpec("grm-0.5b", "generative", 896, 4864, 24, 14, 2, seed=4),
+    DemoModelSpec("disrm-0.5b", "discriminative", 896, 4864, 24, 14, 2, seed=5),
+)
+
+
 def model_config(spec: DemoModelSpec) -> dict[str, Any]:
     generative = spec.kind == "generative"
     cfg: dict[str, Any] = {
@@ -245,14 +253,15 @@ def write_model(spec: DemoModelSpec, out_dir: Path) -> None:
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def build_demo_models(out_dir: Path | str, names: list[str] | None = None) -> dict[str, str]:
+def build_demo_models(out_dir: Path | str, names: list[str] | None = None,
+                      specs: tuple[DemoModelSpec, ...] = DEMO_MODELS) -> dict[str, str]:
     """Build the demo models under ``out_dir`` and return {name: sha256 digest}."""
     import torch
 
     torch.set_num_threads(1)
     out = Path(out_dir)
     digests = {}
-    for spec in DEMO_MODELS:
+    for spec in specs:
         if names and spec.name not in names:
             continue
         write_model(spec, out / spec.name)

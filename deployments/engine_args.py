@@ -18,6 +18,7 @@ GEMV path reduces differently from the batched GEMM), so batching is not safe th
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,8 @@ class EnginePlan:
     env: dict[str, str] = field(default_factory=dict)
     #: Requests the ingress lets into this engine at once (1 when serialized).
     max_inflight: int = 1
+    #: The one attention backend this model's slots use (batch_invariant), else None.
+    attention_backend: str | None = None
 
 
 class PolicyError(ValueError):
@@ -51,16 +54,30 @@ class PolicyError(ValueError):
 
 
 def detect_platform() -> Platform:
-    """Look at the local device without creating a CUDA context in this process."""
-    try:
-        import torch
+    """Look at the local GPU without creating a CUDA context in this process (the replica
+    would hold GPU memory for nothing): ``nvidia-smi`` on the first visible device, else
+    torch in a child process."""
+    import shutil
+    import subprocess
+    import sys
 
-        if torch.cuda.is_available():
-            cap = torch.cuda.get_device_capability(0)
-            return Platform("cuda", torch.cuda.get_device_name(0), (cap[0], cap[1]))
-    except Exception:  # torch missing or broken: the CPU path needs none of it
-        pass
-    return Platform("cpu", "cpu")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    if visible in ("", "-1"):
+        return Platform("cpu", "cpu")
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        cmd = [smi, "-i", visible, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
+    else:
+        cmd = [sys.executable, "-c", "import torch; c = torch.cuda; print(c.get_device_name(0) "
+               "+ ', %d.%d' % c.get_device_capability(0)) if c.is_available() else None"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                             check=True).stdout.strip().splitlines()[0]
+        name, cap = (p.strip() for p in out.rsplit(",", 1))
+        major, minor = cap.split(".")
+        return Platform("cuda", name, (int(major), int(minor)))
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return Platform("cpu", "cpu")
 
 
 def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
@@ -75,6 +92,13 @@ def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
             "Use 'serialize' or 'auto'."
         )
     return spec.determinism
+
+
+def needs_selftest(spec: ModelSpec, mode: str) -> bool:
+    """Whether a slot must prove alone == batched before serving (deployments/selftest.py)."""
+    if spec.selftest == "never" or mode == "serialize":
+        return False
+    return mode == "batch_invariant" or spec.selftest == "always"
 
 
 def _flag(name: str) -> str:
@@ -122,13 +146,20 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
     if platform.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     max_inflight = 1
+    attention = None
+    if "VLLM_ATTENTION_BACKEND" in spec.engine_env:
+        raise PolicyError(f"model {spec.name!r}: set the attention backend with "
+                          "engine_args.attention_backend (vLLM 0.24 has no "
+                          "VLLM_ATTENTION_BACKEND), so that every slot uses the same one")
     if mode == "serialize":
         options.update(max_num_seqs=1, enable_prefix_caching=False,
                        max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))))
     elif mode == "batch_invariant":
         env["VLLM_BATCH_INVARIANT"] = "1"
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-        options.update(enable_prefix_caching=False, attention_backend=user.get("attention_backend", "TRITON_ATTN"))
+        # One backend per model: invariance holds within a backend, not across them.
+        attention = str(user.get("attention_backend", "TRITON_ATTN"))
+        options.update(enable_prefix_caching=False, attention_backend=attention)
         max_inflight = int(user.get("max_num_seqs", 256))
     else:  # off
         max_inflight = int(user.get("max_num_seqs", 256))
@@ -137,4 +168,7 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
             continue  # the policy's guarantees win over user overrides
         options[k] = v
     env.update(spec.engine_env)
-    return EnginePlan(mode=mode, args=_cli_args(options), env=env, max_inflight=max_inflight)
+    if mode == "batch_invariant":
+        options["attention_backend"] = attention  # not overridable by a later engine_args key
+    return EnginePlan(mode=mode, args=_cli_args(options), env=env, max_inflight=max_inflight,
+                      attention_backend=attention)

@@ -9,15 +9,18 @@ not stall requests bound for healthy ones (DESIGN.md §2).
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import httpx
 from ray import serve
 from ray.serve import Application
 
-from deployments.engine_args import detect_platform, plan_engine
+from deployments.engine_args import detect_platform, needs_selftest, plan_engine
 from deployments.engine_process import EngineProcess, free_port
 from deployments.fingerprint import build_fingerprint, digest_dir
+from deployments.selftest import run_selftest
 from gateway.config import ModelSpec
 
 logger = logging.getLogger("ray.serve")
@@ -38,25 +41,43 @@ class SlotReplica:
     def __init__(self, spec: dict[str, Any], slot: int) -> None:
         self.spec = ModelSpec(**spec)
         self.slot = slot
-        platform = detect_platform()
+        self.platform = detect_platform()
+        self.selftest: dict[str, Any] | None = None
+        self._start_engine(self.spec)
+        if needs_selftest(self.spec, self.plan.mode):
+            result = run_selftest(self.engine.url, self.spec.kind, self.spec.name)
+            self.selftest = {**result.as_dict(), "mode": self.plan.mode}
+            logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
+            if not result.passed:
+                self.engine.stop()
+                self._start_engine(self.spec.model_copy(update={"determinism": "serialize"}))
+                self.selftest["fallback"] = "serialize"
+        self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
+        logger.info("slot %s-%d: engine ready at %s (mode %s)", self.spec.name, slot,
+                    self.engine.url, self.plan.mode)
+
+    def _start_engine(self, spec: ModelSpec) -> None:
         port = free_port(ENGINE_HOST)
-        self.plan = plan_engine(self.spec, platform, port=port, host=ENGINE_HOST)
+        self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST)
         self.fingerprint = build_fingerprint(
-            model_digest=digest_dir(self.spec.model_path), device=platform.name,
-            mode=self.plan.mode, dtype=self.spec.engine_args.get("dtype"))
-        self.engine = EngineProcess(self.plan, ENGINE_HOST, port, f"{self.spec.name}-{slot}")
-        logger.info("slot %s-%d: starting engine on port %d, mode %s", self.spec.name, slot,
+            model_digest=digest_dir(spec.model_path), device=self.platform.name,
+            mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
+            attention=self.plan.attention_backend)
+        if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
+            cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
+            self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+            self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        self.engine = EngineProcess(self.plan, ENGINE_HOST, port, f"{spec.name}-{self.slot}")
+        logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
                     port, self.plan.mode)
         self.engine.start()
-        self.engine.wait_ready(self.spec.startup_timeout_s)
-        self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
-        logger.info("slot %s-%d: engine ready at %s", self.spec.name, slot, self.engine.url)
+        self.engine.wait_ready(spec.startup_timeout_s)
 
     async def endpoint(self) -> dict[str, Any]:
         """Where the ingress reaches this slot's engine, and what its answers depend on."""
         return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
                 "max_inflight": self.plan.max_inflight, "slot": self.slot,
-                "engine_pid": self.engine.pid}
+                "engine_pid": self.engine.pid, "selftest": self.selftest}
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """The ``handle`` transport: post ``body`` to the engine from inside the replica."""

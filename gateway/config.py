@@ -53,6 +53,11 @@ class ModelSpec(BaseModel):
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0})
     #: Requests waiting per slot of this model (overrides gateway.max_queue_per_slot).
     max_queue_per_slot: int | None = Field(default=None, ge=1)
+    #: The start-up self-test (deployments/selftest.py): ``auto`` runs it when the slot
+    #: batches under ``batch_invariant``; ``always`` also under ``off`` (batch only where
+    #: the probes prove it safe); ``never`` skips it. A failure restarts the slot's engine
+    #: under ``serialize`` and says why in /v1/models.
+    selftest: Literal["auto", "always", "never"] = "auto"
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
 

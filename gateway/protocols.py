@@ -62,6 +62,9 @@ class ModelCard(BaseModel):
     fingerprints: list[str | None] = Field(default_factory=list)
     health: list[str] = Field(default_factory=list, description="Per slot: healthy or "
                               "unavailable (dead, restarting or starting).")
+    selftest: list[dict[str, Any] | None] = Field(
+        default_factory=list, description="Per slot: the start-up self-test (alone vs batched, "
+        "bitwise) when the slot batches: passed, identical, total, reason, mode, fallback.")
 
 
 class ModelList(BaseModel):

@@ -304,5 +304,6 @@ class RewardGateway:
                 slots=spec.replicas,
                 seed_policy=spec.seed.policy if spec.kind == "generative" else None,
                 fingerprints=[i.fingerprint if i else None for i in infos],
-                health=list(health)))
+                health=list(health),
+                selftest=[i.raw.get("selftest") if i else None for i in infos]))
         return ModelList(data=cards)

