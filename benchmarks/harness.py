@@ -58,6 +58,17 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
+def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
+    """Processes still carrying ``marker`` after up to ``timeout_s``: engine launchers end
+    their groups within ~10 s of their replica's death, so a shutdown is not instant."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = processes_with_env(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
 def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
                        headers: dict[str, str] | None = None) -> None:
     """Until every slot of every model reports a fingerprint (its engine is up)."""
@@ -95,7 +106,6 @@ def running_gateway(config: Path, workdir: Path, timeout_s: float = 900,
         yield url, engines
     finally:
         stop_process_group(proc)
-        time.sleep(2)
-        left = processes_with_env(str(engines))
+        left = wait_until_gone(str(engines))
         if left:
             raise RuntimeError(f"processes left after shutdown: {left}")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks.harness import (free_port, processes_with_env, stop_process_group,  # noqa: F401
-                                wait_until_serving)
+                                wait_until_gone, wait_until_serving)
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_CONFIG = REPO / "configs" / "test-cpu.yaml"
@@ -42,6 +41,5 @@ def gateway(demo_models, tmp_path_factory):
         yield url, proc
     finally:
         stop_process_group(proc)
-        time.sleep(2)
-        leftovers = processes_with_env(env["RMGATE_LOG_DIR"])
+        leftovers = wait_until_gone(env["RMGATE_LOG_DIR"])
         assert not leftovers, f"processes left after shutdown: {leftovers}"

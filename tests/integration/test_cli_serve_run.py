@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.client import RewardClient
-from tests.integration.conftest import (REPO, free_port, processes_with_env, stop_process_group,
+from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
                                         wait_until_serving)
 from tests.integration.test_http_contract import _engine_launcher_pid
 from deployments.demo_training import sum_items
@@ -74,8 +74,8 @@ def serve_run(demo_models, tmp_path_factory):
         yield url, Path(marker)
     finally:
         stop_process_group(proc)
-        time.sleep(2)
-        assert not processes_with_env(marker), "serve run left processes behind"
+        left = wait_until_gone(marker)
+        assert not left, f"serve run left processes behind: {left}"
 
 
 def test_serve_run_config_serves_with_auth(serve_run):
