@@ -4,11 +4,13 @@ The slot replica starts the vLLM server through this launcher, in a new session.
 server forks an EngineCore and workers; if Ray kills the replica's worker process hard
 (no ``__del__`` runs), those would be orphaned holding memory and a port. The launcher
 watches its parent and, when the parent is gone, or when it is asked to stop (SIGTERM,
-SIGINT), ends the whole process group: the server and every child it forked.
+SIGINT), ends the whole process group: the server and every child it forked. And if the
+launcher itself is SIGKILLed, the kernel SIGTERMs the server (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -17,6 +19,21 @@ import time
 
 POLL_S = 0.5
 GRACE_S = 10.0
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """``preexec_fn`` of the server: the kernel sends it SIGTERM when the launcher dies.
+
+    The launcher is a direct child of the Ray worker, and Ray may SIGKILL a dead worker's
+    children at shutdown; without this the server (and its EngineCore) would outlive a
+    SIGKILLed launcher. SIGTERM lets vLLM take its EngineCore down with it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _end_group(child: subprocess.Popen) -> None:
@@ -41,7 +58,7 @@ def main() -> None:
     if os.getpgid(0) != os.getpid():
         os.setpgid(0, 0)
     parent = os.getppid()
-    child = subprocess.Popen(argv)
+    child = subprocess.Popen(argv, preexec_fn=_die_with_launcher)
     stop = False
 
     def _on_signal(signum, frame):  # noqa: ARG001

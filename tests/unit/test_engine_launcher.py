@@ -1,0 +1,50 @@
+"""The engine launcher never leaves its server behind: not when its parent dies, not when
+it is asked to stop, and not when it is SIGKILLed itself (Ray may do that at shutdown)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _launch(tmp_path):
+    pidfile = tmp_path / "server.pid"
+    server = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine_launcher", "--",
+                             sys.executable, "-c", server], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.1)
+    return proc, int(pidfile.read_text())
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)  # clean up what the test started, then fail
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_server_ends_with_the_launcher(tmp_path, how):
+    proc, server = _launch(tmp_path)
+    os.kill(proc.pid, how)
+    proc.wait(timeout=30)
+    assert _gone_within(server, 15), f"server outlived a launcher ended by {how.name}"
