@@ -58,6 +58,20 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
+def engine_launcher_pid(port: int | str) -> int:
+    """The engine launcher (process-group leader) of the engine listening on ``port``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (b"deployments.engine_launcher" in cmd and b"--port" in cmd
+                    and cmd[cmd.index(b"--port") + 1] == str(port).encode()):
+                return int(entry.name)
+    raise LookupError(port)
+
+
 def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
     """Processes still carrying ``marker`` after up to ``timeout_s``: engine launchers end
     their groups within ~10 s of their replica's death, so a shutdown is not instant."""

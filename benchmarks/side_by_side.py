@@ -41,7 +41,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import free_port, running_gateway, stop_process_group  # noqa: E402
+from benchmarks.harness import (engine_launcher_pid, free_port, running_gateway,  # noqa: E402
+                                stop_process_group)
 from gateway.hashing import slot_for_key  # noqa: E402
 from gateway.keys import request_key  # noqa: E402
 
@@ -119,15 +120,10 @@ def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
 
 def engine_rss_mib(port: str) -> float:
     """RSS of an engine's whole process group (launcher, API server, EngineCore)."""
-    leader = None
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"deployments.engine_launcher" in cmd and port.encode() in cmd:
-                leader = int(entry.name)
+    try:
+        leader: int | None = engine_launcher_pid(port)
+    except LookupError:
+        leader = None
     total = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

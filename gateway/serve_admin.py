@@ -45,7 +45,7 @@ def deploy_local(config: dict[str, Any], timeout_s: float) -> None:
 
 
 def wait_until_running(statuses: Callable[[], dict[str, str]], names: set[str],
-                       timeout_s: float, gone: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+                       timeout_s: float, gone: frozenset[str] | set[str] = frozenset()) -> None:
     """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from gateway.client import RewardClient
 from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
                                         wait_until_serving)
-from tests.integration.test_http_contract import _engine_launcher_pid
+from benchmarks.harness import engine_launcher_pid
 from deployments.demo_training import sum_items
 
 pytestmark = pytest.mark.integration
@@ -137,7 +137,7 @@ def test_next_slot_failover_under_load(serve_run):
     worker = threading.Thread(target=run)
     worker.start()
     time.sleep(1.0)
-    os.killpg(_engine_launcher_pid(port), signal.SIGKILL)
+    os.killpg(engine_launcher_pid(port), signal.SIGKILL)
     # while slot 0 is down, one of its requests shows the failover
     marked = None
     deadline = time.monotonic() + 60

@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
+from benchmarks.harness import engine_launcher_pid
 from gateway.hashing import slot_for_key
 from gateway.keys import request_key
 
@@ -79,18 +80,6 @@ def test_oversize_body_is_413(gateway):
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
-def _engine_launcher_pid(port: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"deployments.engine_launcher" in cmd and str(port).encode() in cmd:
-                return int(entry.name)
-    raise LookupError(port)
-
-
 def test_dead_engine_is_restarted_and_answers_the_same(gateway):
     """Kill slot 1's engine: the health check restarts the replica, the request for that
     slot waits for it (it never moves to slot 0), and the answer has the same bits."""
@@ -104,7 +93,7 @@ def test_dead_engine_is_restarted_and_answers_the_same(gateway):
     logs = sorted(engine_dir.glob("judge-1-*.log"))
     assert logs, f"no engine log for judge-1 under {engine_dir}"
     port = int(logs[-1].stem.rsplit("-", 1)[1])
-    os.killpg(_engine_launcher_pid(port), signal.SIGKILL)
+    os.killpg(engine_launcher_pid(port), signal.SIGKILL)
     t0 = time.monotonic()
     after = httpx.post(url + "/v1/chat/completions", json=body, timeout=400)
     assert after.status_code == 200, after.text

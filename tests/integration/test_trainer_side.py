@@ -17,7 +17,7 @@ import pytest
 from deployments.demo_training import sum_items, sums_split
 from gateway.client import RewardClient
 from gateway.integrations.verl import compute_score
-from tests.integration.test_http_contract import _engine_launcher_pid
+from benchmarks.harness import engine_launcher_pid
 
 pytestmark = pytest.mark.integration
 
@@ -160,7 +160,7 @@ def test_engine_restart_mid_batch_loses_and_duplicates_nothing(gateway):
     worker = threading.Thread(target=run)
     worker.start()
     time.sleep(1.0)
-    os.killpg(_engine_launcher_pid(port), signal.SIGKILL)
+    os.killpg(engine_launcher_pid(port), signal.SIGKILL)
     worker.join(timeout=600)
     assert not worker.is_alive()
     assert result["rewards"] == reference
