@@ -9,6 +9,8 @@ id: SIGINT first (the CLI shuts Serve and Ray down), then SIGKILL to the group.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,6 +85,20 @@ def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
         time.sleep(1.0)
 
 
+def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
+    """The Ray dashboard that ``rmgate serve`` printed: it prints it once every application
+    is RUNNING, which can be a moment after the HTTP path already answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        match = re.search(r"serve status --address (\S+)", serve_log.read_text())
+        if match:
+            return match.group(1)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no dashboard address in {serve_log}:\n"
+                               f"{serve_log.read_text()[-2000:]}")
+        time.sleep(0.5)
+
+
 def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
                        headers: dict[str, str] | None = None) -> None:
     """Until every slot of every model reports a fingerprint (its engine is up)."""
@@ -108,6 +124,7 @@ def running_gateway(config: Path, workdir: Path, timeout_s: float = 900,
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log, engines = workdir / "serve.log", workdir / "engines"
+    shutil.rmtree(engines, ignore_errors=True)  # a reused workdir must not show old engines
     full_env = {**os.environ, "RMGATE_LOG_DIR": str(engines), "HF_HUB_OFFLINE": "1",
                 "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     with open(log, "wb") as fh:

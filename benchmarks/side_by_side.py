@@ -2,12 +2,16 @@
 
 One ``rmgate serve`` starts the engines; the same engines are then reached three ways:
 (a) directly, client-side round robin; (b) through ``benchmarks/baselines/least_loaded.py``
-(FastAPI + httpx, least-loaded: the design trainers use today); (c) through rmgate. It
+(FastAPI + httpx, least-loaded: the design trainers use today); (c) through rmgate as
+``rmgate serve`` runs it (HAProxy + direct ingress); (d) through rmgate via Serve's Python
+proxy (the fallback proxy Serve keeps next to HAProxy: same gateway, same replica). It
 measures, side by side:
 
 1. gateway overhead: p50/p99 latency and throughput at concurrency 1, 8, 32, 128 for the
    DisRM (wide classifier, ``determinism: off`` so nothing but the path differs) and the
-   GRM (8-token generations), with the ratios b/a and c/a;
+   GRM (8-token generations), with the ratios b/a, c/a, d/a, c/b; paths interleaved, 3
+   rounds, medians; and where the time goes: CPU ms per request of every component
+   (``benchmarks/cpu_accounting.py``), the gateway's own share compared across b, c, d;
 2. determinism: a 1,000-request workload of mixed input lengths replayed 3x in shuffled
    order at concurrency 32 through (b) (over the ``off`` engines) and through rmgate with
    its policy (``serialize``); differing answers counted against each path's first run;
@@ -41,6 +45,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.harness import (engine_launcher_pid, free_port, running_gateway,  # noqa: E402
                                 stop_process_group)
 from gateway.hashing import slot_for_key  # noqa: E402
@@ -84,30 +89,46 @@ def answer(path: str, payload: dict[str, Any]) -> str:
 
 
 async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
-               order: list[int] | None = None) -> dict[str, Any]:
-    """Send ``calls`` (call i to ``urls[i % len(urls)]``); latencies, wall time, answers."""
+               order: list[int] | None = None, strict: bool = True) -> dict[str, Any]:
+    """Send ``calls`` (call i to ``urls[i % len(urls)]``); latencies, wall time, answers.
+
+    ``strict=False`` counts failed requests (non-200 or a transport error) in ``errors``
+    with the first message instead of raising: an overhead sweep reports them per path."""
     order = order if order is not None else list(range(len(calls)))
     sem = asyncio.Semaphore(concurrency)
     lat: list[float] = []
     answers: dict[int, str] = {}
+    errors: list[str] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
             max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)) as c:
         async def one(i: int) -> None:
             path, body = calls[i]
+            url = urls[i % len(urls)] + path
             async with sem:
                 t = time.perf_counter()
-                r = await c.post(urls[i % len(urls)] + path, json=body)
+                try:
+                    r = await c.post(url, json=body)
+                except httpx.HTTPError as exc:
+                    if strict:
+                        raise
+                    errors.append(f"{url}: {type(exc).__name__} {exc}")
+                    return
                 lat.append(time.perf_counter() - t)
             if r.status_code != 200:
-                raise RuntimeError(f"{urls[i % len(urls)]}{path}: {r.status_code} {r.text[:200]}")
+                if strict:
+                    raise RuntimeError(f"{url}: {r.status_code} {r.text[:200]}")
+                errors.append(f"{url}: {r.status_code} {r.text[:200]}")
+                return
             answers[i] = answer(path, r.json())
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in order))
         wall = time.perf_counter() - start
     lat.sort()
+    lat = lat or [float("nan")]
     return {"p50_ms": round(1000 * statistics.median(lat), 2),
             "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
-            "req_per_s": round(len(calls) / wall, 2), "answers": answers}
+            "req_per_s": round(len(answers) / wall, 2), "errors": len(errors),
+            "first_error": errors[0] if errors else None, "answers": answers}
 
 
 def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
@@ -153,33 +174,81 @@ def start_proxy(backends: list[str], logdir: Path) -> tuple[subprocess.Popen, st
     raise RuntimeError("baseline proxy did not start")
 
 
-async def measure(url: str, engines: Path, replicas: int, quick: bool,
+PATHS = ("a_engines", "b_least_loaded", "c_rmgate", "d_rmgate_serve_proxy")
+
+
+def gateway_cpu(path: str, cpu: dict[str, float]) -> float:
+    """CPU ms per request spent by the path's own gateway processes (not the engines)."""
+    if path == "b_least_loaded":
+        return cpu["least_loaded_proxy"]
+    if path.startswith("c_") or path.startswith("d_"):
+        return round(cpu["ingress"] + cpu["http_proxy"], 2)
+    return 0.0
+
+
+async def sweep(paths: dict[str, list[str]], calls: list[tuple[str, dict]], concurrency: int,
+                rounds: int) -> dict[str, Any]:
+    """Each path ``rounds`` times, interleaved (a b c d a b c d ...); medians per path."""
+    samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
+    for _ in range(rounds):
+        for name, urls in paths.items():
+            before = cpu_accounting.snapshot()
+            r = await load(urls, calls, concurrency, strict=False)
+            if r["errors"]:
+                print(f"  {name} c={concurrency}: {r['errors']} errors, first: {r['first_error']}",
+                      flush=True)
+            r["cpu_ms_per_req"] = cpu_accounting.cpu_ms_per_request(
+                before, cpu_accounting.snapshot(), len(calls))
+            r.pop("answers")
+            samples[name].append(r)
+    res: dict[str, Any] = {}
+    for name, rs in samples.items():
+        res[name] = {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms", "req_per_s")}
+        res[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
+        res[name]["errors"] = sum(r["errors"] for r in rs)
+        res[name]["cpu_ms_per_req"] = {k: round(statistics.median(r["cpu_ms_per_req"][k] for r in rs), 2)
+                                       for k in cpu_accounting.COMPONENTS}
+        res[name]["gateway_cpu_ms_per_req"] = gateway_cpu(name, res[name]["cpu_ms_per_req"])
+    return res
+
+
+def ratios(res: dict[str, Any]) -> dict[str, float]:
+    a, b, c, d = (res[p] for p in PATHS)
+    return {"b/a_throughput": round(b["req_per_s"] / a["req_per_s"], 3),
+            "c/a_throughput": round(c["req_per_s"] / a["req_per_s"], 3),
+            "d/a_throughput": round(d["req_per_s"] / a["req_per_s"], 3),
+            "c/b_throughput": round(c["req_per_s"] / b["req_per_s"], 3),
+            "b_added_p50_ms": round(b["p50_ms"] - a["p50_ms"], 2),
+            "c_added_p50_ms": round(c["p50_ms"] - a["p50_ms"], 2),
+            "d_added_p50_ms": round(d["p50_ms"] - a["p50_ms"], 2),
+            "gateway_cpu_ms_per_req_b_c_d": [b["gateway_cpu_ms_per_req"],
+                                             c["gateway_cpu_ms_per_req"],
+                                             d["gateway_cpu_ms_per_req"]]}
+
+
+async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, quick: bool,
                   logdir: Path) -> dict[str, Any]:
     levels = [1, 32] if quick else [1, 8, 32, 128]
+    rounds = 1 if quick else 3
     n_rm, n_grm = (48, 12) if quick else (256, 48)
     out: dict[str, Any] = {"overhead": {}, "determinism": {}, "cost": {}}
     rm_engines = engine_urls(engines, "rm-off", replicas)
     grm_engines = engine_urls(engines, "judge-off", 1)
     proxies = [start_proxy(rm_engines, logdir), start_proxy(grm_engines, logdir)]
     try:
-        # 1. overhead, interleaved per level: (a) engines, (b) proxy, (c) rmgate
+        # 1. overhead, interleaved per level: (a) engines, (b) proxy, (c) rmgate via HAProxy,
+        #    (d) rmgate via Serve's Python proxy (Serve's fallback proxy of the same gateway)
         for kind, model, make, n, direct, proxy in (
                 ("disrm", "rm-off", rm_call, n_rm, rm_engines, proxies[0][1]),
                 ("grm", "judge-off", grm_call, n_grm, grm_engines, proxies[1][1])):
             calls = [make(model, i) for i in range(n)]
-            await load(direct, calls[:8], 8)  # warm-up
+            paths = dict(zip(PATHS, (direct, [proxy], [url], [serve_proxy_url])))
+            for urls in paths.values():
+                await load(urls, calls[:8], 8)  # warm-up (connections, caches)
             rows = {}
             for c in levels:
-                res = {name: await load(urls, calls, c) for name, urls in
-                       (("a_engines", direct), ("b_least_loaded", [proxy]), ("c_rmgate", [url]))}
-                for r in res.values():
-                    r.pop("answers")
-                a, b, g = res["a_engines"], res["b_least_loaded"], res["c_rmgate"]
-                res["ratios"] = {"b/a_throughput": round(b["req_per_s"] / a["req_per_s"], 3),
-                                 "c/a_throughput": round(g["req_per_s"] / a["req_per_s"], 3),
-                                 "c/b_throughput": round(g["req_per_s"] / b["req_per_s"], 3),
-                                 "b_added_p50_ms": round(b["p50_ms"] - a["p50_ms"], 2),
-                                 "c_added_p50_ms": round(g["p50_ms"] - a["p50_ms"], 2)}
+                res = await sweep(paths, calls, c, rounds)
+                res["ratios"] = ratios(res)
                 rows[str(c)] = res
                 print(f"{kind} c={c}: {json.dumps(res['ratios'])}", flush=True)
             out["overhead"][kind] = rows
@@ -225,24 +294,43 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, kind in zip(axes[:2], ("disrm", "grm")):
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    colors = {"a_engines": "tab:gray", "b_least_loaded": "tab:orange", "c_rmgate": "tab:green",
+              "d_rmgate_serve_proxy": "tab:purple"}
+    labels = {"a_engines": "engines direct (round robin)", "b_least_loaded": "least-loaded proxy",
+              "c_rmgate": "rmgate (HAProxy, default)", "d_rmgate_serve_proxy": "rmgate (Serve proxy)"}
+    for ax, kind in zip(axes[0], ("disrm", "grm")):
         rows = report["overhead"][kind]
         levels = list(rows)
-        for name, color in (("a_engines", "tab:gray"), ("b_least_loaded", "tab:orange"),
-                            ("c_rmgate", "tab:green")):
-            ax.plot(levels, [rows[c][name]["req_per_s"] for c in levels], "o-", color=color,
-                    label=name.split("_", 1)[1].replace("_", "-"))
+        for name in PATHS:
+            ax.plot(levels, [rows[c][name]["req_per_s"] for c in levels], "o-",
+                    color=colors[name], label=labels[name])
         ax.set_xlabel("client concurrency")
-        ax.set_ylabel("requests / s")
+        ax.set_ylabel("requests / s (median of rounds)")
         ax.set_title(f"{kind.upper()}: throughput by path (same engines)")
-        ax.legend()
+        ax.legend(fontsize=8)
+    ax = axes[1][0]
+    level = "32" if "32" in report["overhead"]["disrm"] else list(report["overhead"]["disrm"])[-1]
+    short = {"b_least_loaded": "least-loaded", "c_rmgate": "rmgate\nHAProxy",
+             "d_rmgate_serve_proxy": "rmgate\nServe proxy"}
+    xs = [f"{k.upper()}\n{short[p]}" for k in ("disrm", "grm") for p in PATHS[1:]]
+    bottoms = [0.0] * len(xs)
+    for part, color in (("least_loaded_proxy", "tab:orange"), ("http_proxy", "tab:blue"),
+                        ("ingress", "tab:green")):
+        vals = [report["overhead"][k][level][p]["cpu_ms_per_req"][part]
+                for k in ("disrm", "grm") for p in PATHS[1:]]
+        ax.bar(xs, vals, bottom=bottoms, color=color, label=part.replace("_", " "))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_ylabel("gateway CPU ms per request")
+    ax.set_title(f"Where the gateway's CPU goes (concurrency {level})")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
     cost = report["cost"]
-    axes[2].bar(list(cost), list(cost.values()),
-                color=["tab:gray" if "off" in k else "tab:blue" for k in cost])
-    axes[2].set_ylabel("requests / s through rmgate (c=32)")
-    axes[2].set_title("Cost of determinism (mode-engines)")
-    axes[2].tick_params(axis="x", rotation=30)
+    axes[1][1].bar(list(cost), list(cost.values()),
+                   color=["tab:gray" if "off" in k else "tab:blue" for k in cost])
+    axes[1][1].set_ylabel("requests / s through rmgate (c=32)")
+    axes[1][1].set_title("Cost of determinism (mode-engines)")
+    axes[1][1].tick_params(axis="x", rotation=30)
     fig.suptitle(f"rmgate side by side, {report['date']} ({report['machine']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -263,14 +351,17 @@ def main() -> None:
     cfg = args.out / "serve.yaml"
     cfg.write_text(yaml.safe_dump(config(models, replicas)))
     t0 = time.perf_counter()
-    with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
+    serve_proxy_port = free_port()  # Serve's own proxy, kept by Serve as HAProxy's fallback
+    with running_gateway(cfg, args.out / "run", timeout_s=1500, env={
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(serve_proxy_port)}) as (url, engines):
         for path, body in (rm_call("rm", 0), grm_call("judge", 0)):
             httpx.post(url + path, json=body, timeout=600).raise_for_status()
         startup: dict[str, Any] = {"to_first_200_s": round(time.perf_counter() - t0, 1)}
         ports = sorted(p.stem for p in engines.glob("*.log"))
         startup["engines"] = len(ports)
         startup["rss_mib"] = {p.rsplit("-", 1)[0]: engine_rss_mib(p.rsplit("-", 1)[1]) for p in ports}
-        report = asyncio.run(measure(url, engines, replicas, args.quick, args.out))
+        report = asyncio.run(measure(url, f"http://127.0.0.1:{serve_proxy_port}", engines,
+                                     replicas, args.quick, args.out))
     report.update(startup=startup, quick=args.quick, replicas=replicas,
                   date=time.strftime("%Y-%m-%d"), machine=f"{os.cpu_count()} CPU cores")
     (args.out / "side_by_side.json").write_text(json.dumps(report, indent=2))

@@ -19,6 +19,12 @@ DEMO_CONFIG = REPO_ROOT / "configs" / "demo-cpu.yaml"
 DEMO_MODELS_DIR = REPO_ROOT / "models" / "demo"
 
 
+PROXY_OPTION = typer.Option(
+    None, help="How HTTP reaches the ingress: 'haproxy' (Serve's HAProxy + direct ingress; "
+    "default where the binary is installed, a quarter of the CPU per request) or 'serve' "
+    "(Serve's Python proxy).")
+
+
 def load_serve_config(path: Path) -> dict[str, Any]:
     import yaml
 
@@ -65,8 +71,21 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
 
 
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
-                     ready: Optional[threading.Event] = None, dashboard: bool = True) -> None:
+                     ready: Optional[threading.Event] = None, dashboard: bool = True,
+                     proxy: Optional[str] = None) -> None:
     """Start Ray (local), Serve and every application of ``config``; block until a signal."""
+    import shutil
+    import tempfile
+
+    from gateway.proxy_mode import PROXIES, default_proxy, haproxy_binary, proxy_env
+
+    proxy = proxy or default_proxy()
+    if proxy not in PROXIES or (proxy == "haproxy" and haproxy_binary() is None):
+        raise typer.BadParameter(f"--proxy must be one of {PROXIES} ('haproxy' needs the "
+                                 "HAProxy binary that ray[serve] ships on Linux)")
+    proxy_dir = Path(tempfile.mkdtemp(prefix="rmgate-proxy-"))
+    os.environ.update(proxy_env(proxy, proxy_dir))  # before Ray starts Serve's processes
+
     import ray
     from ray import serve
 
@@ -87,6 +106,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         rendered = render(cfg)
         rendered["http_options"] = {"host": host, "port": port}
         deploy_local(rendered, timeout_s=_startup_timeout(rendered))
+        typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
+                   f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)")
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
             # Ray 2.60 turns token auth on for the cluster; its CLI reads the token
@@ -104,6 +125,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
             serve.shutdown()
         finally:
             ray.shutdown()
+            shutil.rmtree(proxy_dir, ignore_errors=True)
 
 
 @app.command()
@@ -113,10 +135,10 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
                                              "else 127.0.0.1)."),
           port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000)."),
           dashboard: bool = typer.Option(True, help="Start Ray's dashboard on 127.0.0.1 (needed "
-                                         "by `serve status` and `serve deploy`).")
-          ) -> None:
+                                         "by `serve status` and `serve deploy`)."),
+          proxy: Optional[str] = PROXY_OPTION) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
-    run_serve_config(config, host, port, dashboard=dashboard)
+    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy)
 
 
 @app.command("render")
@@ -206,7 +228,8 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
 
 
 @app.command()
-def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None)) -> None:
+def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
+         proxy: Optional[str] = PROXY_OPTION) -> None:
     """Build the demo models if missing and serve configs/demo-cpu.yaml."""
     from deployments.demo_models import build_demo_models, demo_models_present
 
@@ -214,7 +237,7 @@ def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.O
     if not demo_models_present(DEMO_MODELS_DIR):
         typer.echo(f"building demo models in {DEMO_MODELS_DIR} ...")
         build_demo_models(DEMO_MODELS_DIR)
-    run_serve_config(DEMO_CONFIG, host, port)
+    run_serve_config(DEMO_CONFIG, host, port, proxy=proxy)
 
 
 def main() -> None:

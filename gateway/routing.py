@@ -26,6 +26,7 @@ import httpx
 
 from gateway import metrics
 from gateway.config import GatewaySettings
+from gateway.engine_client import AiohttpEngineClient, EngineClient
 from gateway.errors import GatewayError
 
 logger = logging.getLogger("rmgate")
@@ -117,9 +118,7 @@ class ServeTransport:
         #: count are gone or going.
         self.slot_counts: dict[str, int] = {}
         self._gates: dict[tuple[str, int], _Gate] = {}
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.request_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+        self.engine_client: EngineClient = AiohttpEngineClient()
 
     def set_slot_counts(self, counts: dict[str, int]) -> None:
         self.slot_counts.update(counts)
@@ -171,10 +170,7 @@ class ServeTransport:
             except asyncio.TimeoutError:
                 raise httpx.ReadTimeout("handle call timed out") from None
         else:
-            resp = await self._client.post(info.url + path, content=body,
-                                           timeout=httpx.Timeout(timeout_s, connect=5.0),
-                                           headers={"content-type": "application/json"})
-            status, content = resp.status_code, resp.content
+            status, content = await self.engine_client.post(info.url + path, body, timeout_s)
         labels = (key[0], str(key[1]))
         metrics.ENGINE_SECONDS.labels(*labels).observe(time.monotonic() - start)
         metrics.ENGINE_REQUESTS.labels(*labels, str(status)).inc()
@@ -254,4 +250,4 @@ class ServeTransport:
             await asyncio.sleep(RETRY_BACKOFF_S)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.engine_client.aclose()

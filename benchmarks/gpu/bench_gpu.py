@@ -251,13 +251,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu")
+def parse_args(doc: str, out: str) -> argparse.Namespace:
+    """The options every GPU benchmark takes (results folder, models folder, device)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / out)
     ap.add_argument("--models", type=Path, default=Path("/tmp/rmgate-gpu-models"))
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__, "gpu")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     paths = build_models(args.device, args.models)

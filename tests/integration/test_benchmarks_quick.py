@@ -27,7 +27,24 @@ def test_side_by_side_quick(demo_models, tmp_path):
     assert set(report["overhead"]) == {"disrm", "grm"}
     for rows in report["overhead"].values():
         for row in rows.values():
-            assert {"a_engines", "b_least_loaded", "c_rmgate", "ratios"} <= set(row)
+            assert {"a_engines", "b_least_loaded", "c_rmgate", "d_rmgate_serve_proxy",
+                    "ratios"} <= set(row)
+            # the CPU accounting found each path's own gateway processes
+            assert row["b_least_loaded"]["gateway_cpu_ms_per_req"] > 0
+            assert row["c_rmgate"]["cpu_ms_per_req"]["ingress"] > 0
+            assert row["d_rmgate_serve_proxy"]["cpu_ms_per_req"]["http_proxy"] > 0
     assert report["determinism"]["c_rmgate"]["any_differing"] == 0
     assert report["startup"]["to_first_200_s"] > 0 and report["startup"]["rss_mib"]
     assert (tmp_path / "side_by_side.png").stat().st_size > 10_000
+
+
+def test_replica_throughput_quick(demo_models, tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "replica_throughput.py"),
+                          "--quick", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "replica_throughput.json").read_text())
+    assert list(report["by_replicas"]) == ["1", "2"]
+    assert set(report["by_replicas"]["2"]["requests_per_slot"]) == {"0", "1"}
+    assert report["identical_at_every_count"] is True  # same bits at 1 and 2 replicas
+    assert (tmp_path / "replica_throughput.png").stat().st_size > 10_000

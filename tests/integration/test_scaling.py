@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.harness import dashboard_address
 from gateway.hashing import slot_for_key
 from tests.integration.conftest import REPO, TEST_CONFIG
 
@@ -31,10 +31,7 @@ BIN = Path(sys.executable).parent
 
 
 def dashboard() -> str:
-    log = Path(os.environ["RMGATE_TEST_SERVE_LOG"]).read_text()
-    match = re.search(r"serve status --address (\S+)", log)
-    assert match, log[-2000:]
-    return match.group(1)
+    return dashboard_address(Path(os.environ["RMGATE_TEST_SERVE_LOG"]))
 
 
 def engine_logs(prefix: str) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 
 from gateway import metrics
 from gateway.config import GatewaySettings
+from gateway.engine_client import HttpxEngineClient
 from gateway.hashing import slot_for_key, slot_ranking
 from gateway.routing import ServeTransport, SlotUnavailable
 
@@ -39,7 +40,7 @@ def engine(request: httpx.Request) -> httpx.Response:
 def transport(**settings) -> ServeTransport:
     t = ServeTransport({"m": [FakeHandle("http://dead"), FakeHandle("http://alive1"),
                               FakeHandle("http://alive2")]}, GatewaySettings(**settings))
-    t._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(engine)))
     return t
 
 
@@ -75,7 +76,7 @@ async def test_gate_serializes_and_bounds_the_queue():
         order.append("end")
         return httpx.Response(200, json={})
 
-    t._client = httpx.AsyncClient(transport=httpx.MockTransport(slow_engine))
+    t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(slow_engine)))
     results = await asyncio.gather(*(t.post("m", 1, "/x", b"{}") for _ in range(3)),
                                    return_exceptions=True)
     assert all(not isinstance(r, Exception) for r in results)

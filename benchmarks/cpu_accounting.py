@@ -1,0 +1,59 @@
+"""Where the CPU goes: CPU seconds by component, read from /proc, around a load run.
+
+On a host whose cores the engines saturate, every CPU-millisecond a gateway spends per
+request is taken from the engines, so CPU time per request is the gateway's real cost,
+and it is far less noisy than throughput on a shared machine (it does not depend on what
+else ran during the window, only on the work done for these requests).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+COMPONENTS = ("engines", "ingress", "http_proxy", "least_loaded_proxy", "slot_replicas", "ray")
+
+
+def component(cmdline: str) -> str | None:
+    """Which part of the serving path a process is (by its command line / Ray's title)."""
+    if "engine_launcher" in cmdline or "vllm" in cmdline.lower() or "EngineCore" in cmdline:
+        return "engines"
+    if "baselines.least_loaded" in cmdline:
+        return "least_loaded_proxy"
+    if "ServeReplica:rmgate:" in cmdline:
+        return "ingress"
+    if "haproxy" in cmdline or "ProxyActor" in cmdline or "HAProxyManager" in cmdline:
+        return "http_proxy"
+    if "ServeReplica:" in cmdline:
+        return "slot_replicas"
+    if "ray" in cmdline:  # raylet, GCS, dashboard, Serve controller, idle workers
+        return "ray"
+    return None
+
+
+def snapshot() -> dict[int, tuple[str, float]]:
+    """pid -> (component, CPU seconds so far) for every process that belongs to a part."""
+    out: dict[int, tuple[str, float]] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        part = component(cmd)
+        if part is not None:
+            out[int(entry.name)] = (part, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def cpu_ms_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                       requests: int) -> dict[str, float]:
+    """CPU milliseconds per request by component between two snapshots."""
+    total = dict.fromkeys(COMPONENTS, 0.0)
+    for pid, (part, seconds) in after.items():
+        total[part] += seconds - before.get(pid, (part, 0.0))[1]
+    return {k: round(1000 * v / max(requests, 1), 2) for k, v in total.items()}

@@ -1,0 +1,144 @@
+"""End-to-end throughput with 1, 2, 4 replicas of one model, and the same bits at each.
+
+One ``rmgate serve`` with one deterministic DisRM (``serialize``) at 1 slot; the same
+workload is sent at each slot count, going 1 → 2 → 4 with ``rmgate scale`` (the gateway and
+the existing slots keep running). It reports throughput and p50 at each count, the ratio to
+1 slot, the balance of requests over slots (max/mean, from ``x-rmgate-slot``), and checks
+that every answer is bitwise the same at every count (the product's promise: the reward
+does not depend on how many replicas serve it).
+
+    .venv/bin/python benchmarks/replica_throughput.py [--quick] [--out DIR]
+
+``--quick``: the tiny DisRM, 1 → 2 slots, 96 requests (about 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import dashboard_address, running_gateway  # noqa: E402
+from benchmarks.side_by_side import ENGINE, rm_call  # noqa: E402
+
+
+def config(model_path: Path) -> dict[str, Any]:
+    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
+                 "models": [{"name": "rm", "kind": "discriminative", "replicas": 1,
+                             "model_path": str(model_path), "determinism": "serialize",
+                             "engine_args": ENGINE, "max_queue_per_slot": 100000}]}}]}
+
+
+async def run_load(url: str, calls: list[tuple[str, dict]], concurrency: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(concurrency)
+    lat: list[float] = []
+    answers: dict[int, str] = {}
+    slots: Counter[str] = Counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def one(i: int) -> None:
+            path, body = calls[i]
+            async with sem:
+                t = time.perf_counter()
+                r = await client.post(url + path, json=body)
+                lat.append(time.perf_counter() - t)
+            r.raise_for_status()
+            answers[i] = json.dumps([d["probs"] for d in r.json()["data"]])
+            slots[r.headers.get("x-rmgate-slot", "?")] += 1
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(len(calls))))
+        wall = time.perf_counter() - start
+    counts = list(slots.values())
+    return {"req_per_s": round(len(calls) / wall, 2),
+            "p50_ms": round(1000 * statistics.median(lat), 2),
+            "requests_per_slot": dict(sorted(slots.items())),
+            "balance_max_over_mean": round(max(counts) / statistics.mean(counts), 3),
+            "answers": answers}
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["by_replicas"]
+    ns = [int(n) for n in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.plot(ns, [rows[str(n)]["req_per_s"] for n in ns], "o-", color="tab:green",
+            label="rmgate, serialize")
+    ax.set_xticks(ns)
+    ax.set_xlabel("replicas (slots) of the model")
+    ax.set_ylabel(f"requests / s (concurrency {report['concurrency']})")
+    ax.set_title(f"End-to-end throughput by replica count\n{report['model']}, "
+                 f"{report['machine']}, answers identical: {report['identical_at_every_count']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path,
+                    default=REPO / "benchmarks" / "results" / "replica_throughput")
+    args = ap.parse_args()
+    from deployments.demo_models import build_demo_models, demo_models_present
+    from gateway.serve_admin import ServeAdmin
+
+    models = REPO / "models" / "demo"
+    if not demo_models_present(models):
+        build_demo_models(models)
+    model = "disrm" if args.quick else "disrm-large"
+    counts = [1, 2] if args.quick else [1, 2, 4]
+    n, concurrency = (96, 16) if args.quick else (600, 32)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = args.out / "serve.yaml"
+    cfg.write_text(yaml.safe_dump(config(models / model)))
+    calls = [rm_call("rm", 40_000 + i) for i in range(n)]
+    report: dict[str, Any] = {"model": model, "requests": n, "concurrency": concurrency,
+                              "by_replicas": {}, "quick": args.quick,
+                              "date": time.strftime("%Y-%m-%d"),
+                              "machine": f"{os.cpu_count()} CPU cores"}
+    first: dict[int, str] | None = None
+    differing: dict[str, int] = {}
+    with running_gateway(cfg, args.out / "run", timeout_s=1200) as (url, _engines):
+        admin = ServeAdmin(dashboard_address(args.out / "run" / "serve.log"))
+        for count in counts:
+            if count > 1:
+                t = time.perf_counter()
+                admin.scale("rm", count, timeout_s=1200, log=lambda m: print(m, flush=True))
+                print(f"scaled to {count} in {time.perf_counter() - t:.0f}s", flush=True)
+            asyncio.run(run_load(url, calls[:16], concurrency))  # warm-up, new slots included
+            row = asyncio.run(run_load(url, calls, concurrency))
+            answers = row.pop("answers")
+            first = first if first is not None else answers
+            differing[str(count)] = sum(answers[i] != first[i] for i in range(n))
+            report["by_replicas"][str(count)] = row
+            print(f"replicas={count}: {json.dumps(row)}", flush=True)
+    base = report["by_replicas"]["1"]["req_per_s"]
+    for count, row in report["by_replicas"].items():
+        row["throughput_vs_1"] = round(row["req_per_s"] / base, 3)
+    report["differing_vs_1_replica"] = differing
+    report["identical_at_every_count"] = not any(differing.values())
+    (args.out / "replica_throughput.json").write_text(json.dumps(report, indent=2))
+    plot(report, args.out / "replica_throughput.png")
+    print(json.dumps({k: report[k] for k in ("by_replicas", "differing_vs_1_replica")}, indent=1))
+    print(f"wrote {args.out / 'replica_throughput.json'}")
+
+
+if __name__ == "__main__":
+    main()
