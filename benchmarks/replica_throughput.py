@@ -5,11 +5,13 @@ workload is sent at each slot count, going 1 → 2 → 4 with ``rmgate scale`` (
 the existing slots keep running). It reports throughput and p50 at each count, the ratio to
 1 slot, the balance of requests over slots (max/mean, from ``x-rmgate-slot``), and checks
 that every answer is bitwise the same at every count (the product's promise: the reward
-does not depend on how many replicas serve it).
+does not depend on how many replicas serve it). Two variants, one gateway each, in one
+run: the slots' engines on cores of their own (``cpu_cores_per_slot: 1``) and vLLM's auto
+binding (every engine of the host bound to the same cores).
 
     .venv/bin/python benchmarks/replica_throughput.py [--quick] [--out DIR]
 
-``--quick``: the tiny DisRM, 1 → 2 slots, 96 requests (about 3 minutes on 2 cores).
+``--quick``: the tiny DisRM, own cores only, 1 → 2 slots, 96 requests (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -35,13 +37,19 @@ from benchmarks.harness import dashboard_address, running_gateway  # noqa: E402
 from benchmarks.side_by_side import ENGINE, rm_call  # noqa: E402
 
 
-def config(model_path: Path) -> dict[str, Any]:
+#: (name, cpu_cores_per_slot): the slots' engines pinned to cores of their own (rmgate's
+#: option), and vLLM's auto binding (every engine of the host on the same cores).
+VARIANTS: list[tuple[str, int | None]] = [("own-cores", 1), ("vllm-auto-binding", None)]
+
+
+def config(model_path: Path, cores_per_slot: int | None) -> dict[str, Any]:
     return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
         "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
         "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
                  "models": [{"name": "rm", "kind": "discriminative", "replicas": 1,
                              "model_path": str(model_path), "determinism": "serialize",
-                             "engine_args": ENGINE, "max_queue_per_slot": 100000}]}}]}
+                             "engine_args": ENGINE, "max_queue_per_slot": 100000,
+                             "cpu_cores_per_slot": cores_per_slot}]}}]}
 
 
 async def run_load(url: str, calls: list[tuple[str, dict]], concurrency: int) -> dict[str, Any]:
@@ -75,17 +83,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["by_replicas"]
-    ns = [int(n) for n in rows]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    ax.plot(ns, [rows[str(n)]["req_per_s"] for n in ns], "o-", color="tab:green",
-            label="rmgate, serialize")
-    ax.set_xticks(ns)
-    ax.set_xlabel("replicas (slots) of the model")
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for (variant, data), color in zip(report["variants"].items(), ("tab:green", "tab:gray")):
+        rows = data["by_replicas"]
+        ns = [int(n) for n in rows]
+        ax.plot(ns, [rows[str(n)]["req_per_s"] for n in ns], "o-", color=color,
+                label=f"{variant} (cpu_cores_per_slot={data['cpu_cores_per_slot']})")
+        ax.set_xticks(ns)
+    ax.set_xlabel("replicas (slots) of the model, rescaled live with rmgate scale")
     ax.set_ylabel(f"requests / s (concurrency {report['concurrency']})")
-    ax.set_title(f"End-to-end throughput by replica count\n{report['model']}, "
-                 f"{report['machine']}, answers identical: {report['identical_at_every_count']}")
-    ax.legend()
+    ax.set_title(f"End-to-end throughput by replica count, determinism: serialize\n"
+                 f"{report['model']}, {report['machine']}, answers identical at every count: "
+                 f"{report['identical_at_every_count']}", fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -106,37 +116,40 @@ def main() -> None:
     counts = [1, 2] if args.quick else [1, 2, 4]
     n, concurrency = (96, 16) if args.quick else (600, 32)
     args.out.mkdir(parents=True, exist_ok=True)
-    cfg = args.out / "serve.yaml"
-    cfg.write_text(yaml.safe_dump(config(models / model)))
     calls = [rm_call("rm", 40_000 + i) for i in range(n)]
     report: dict[str, Any] = {"model": model, "requests": n, "concurrency": concurrency,
-                              "by_replicas": {}, "quick": args.quick,
+                              "variants": {}, "quick": args.quick,
                               "date": time.strftime("%Y-%m-%d"),
                               "machine": f"{os.cpu_count()} CPU cores"}
     first: dict[int, str] | None = None
-    differing: dict[str, int] = {}
-    with running_gateway(cfg, args.out / "run", timeout_s=1200) as (url, _engines):
-        admin = ServeAdmin(dashboard_address(args.out / "run" / "serve.log"))
-        for count in counts:
-            if count > 1:
-                t = time.perf_counter()
-                admin.scale("rm", count, timeout_s=1200, log=lambda m: print(m, flush=True))
-                print(f"scaled to {count} in {time.perf_counter() - t:.0f}s", flush=True)
-            asyncio.run(run_load(url, calls[:16], concurrency))  # warm-up, new slots included
-            row = asyncio.run(run_load(url, calls, concurrency))
-            answers = row.pop("answers")
-            first = first if first is not None else answers
-            differing[str(count)] = sum(answers[i] != first[i] for i in range(n))
-            report["by_replicas"][str(count)] = row
-            print(f"replicas={count}: {json.dumps(row)}", flush=True)
-    base = report["by_replicas"]["1"]["req_per_s"]
-    for count, row in report["by_replicas"].items():
-        row["throughput_vs_1"] = round(row["req_per_s"] / base, 3)
-    report["differing_vs_1_replica"] = differing
-    report["identical_at_every_count"] = not any(differing.values())
+    for variant, cores in VARIANTS[: 1 if args.quick else None]:
+        rows: dict[str, Any] = {}
+        differing: dict[str, int] = {}
+        cfg = args.out / f"serve-{variant}.yaml"
+        cfg.write_text(yaml.safe_dump(config(models / model, cores)))
+        with running_gateway(cfg, args.out / f"run-{variant}", timeout_s=1200) as (url, _):
+            admin = ServeAdmin(dashboard_address(args.out / f"run-{variant}" / "serve.log"))
+            for count in counts:
+                if count > 1:
+                    t = time.perf_counter()
+                    admin.scale("rm", count, timeout_s=1200, log=lambda m: print(m, flush=True))
+                    print(f"scaled to {count} in {time.perf_counter() - t:.0f}s", flush=True)
+                asyncio.run(run_load(url, calls[:16], concurrency))  # warm-up, new slots too
+                row = asyncio.run(run_load(url, calls, concurrency))
+                answers = row.pop("answers")
+                first = first if first is not None else answers
+                differing[str(count)] = sum(answers[i] != first[i] for i in range(n))
+                rows[str(count)] = row
+                print(f"{variant} replicas={count}: {json.dumps(row)}", flush=True)
+        for row in rows.values():
+            row["throughput_vs_1"] = round(row["req_per_s"] / rows["1"]["req_per_s"], 3)
+        report["variants"][variant] = {"cpu_cores_per_slot": cores, "by_replicas": rows,
+                                       "differing_vs_first_answers": differing}
+    report["identical_at_every_count"] = not any(
+        any(v["differing_vs_first_answers"].values()) for v in report["variants"].values())
     (args.out / "replica_throughput.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "replica_throughput.png")
-    print(json.dumps({k: report[k] for k in ("by_replicas", "differing_vs_1_replica")}, indent=1))
+    print(json.dumps(report["variants"], indent=1))
     print(f"wrote {args.out / 'replica_throughput.json'}")
 
 

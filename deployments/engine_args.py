@@ -120,7 +120,17 @@ def _cli_args(options: dict[str, Any]) -> list[str]:
     return out
 
 
-def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1") -> EnginePlan:
+def slot_cpu_binding(slot: int, cores_per_slot: int, host_cores: list[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a slot: its own ``cores_per_slot`` cores, taken in
+    order from ``host_cores`` starting at ``slot * cores_per_slot`` (wrapping when slots
+    outnumber cores). Depends only on the slot index, never on how many slots exist."""
+    n = len(host_cores)
+    k = min(cores_per_slot, n)
+    return ",".join(str(host_cores[(slot * k + i) % n]) for i in range(k))
+
+
+def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1",
+                slot: int = 0) -> EnginePlan:
     """Everything needed to start one slot's vLLM OpenAI server for ``spec``."""
     mode = resolve_mode(spec, platform)
     user = dict(spec.engine_args)
@@ -145,6 +155,9 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
     }
     if platform.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        if spec.cpu_cores_per_slot and "VLLM_CPU_OMP_THREADS_BIND" not in spec.engine_env:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = slot_cpu_binding(
+                slot, spec.cpu_cores_per_slot, sorted(os.sched_getaffinity(0)))
     max_inflight = 1
     attention = None
     if "VLLM_ATTENTION_BACKEND" in spec.engine_env:

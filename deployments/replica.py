@@ -58,7 +58,8 @@ class SlotReplica:
 
     def _start_engine(self, spec: ModelSpec) -> None:
         port = free_port(ENGINE_HOST)
-        self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST)
+        self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST,
+                                slot=self.slot)
         self.fingerprint = build_fingerprint(
             model_digest=digest_dir(spec.model_path), device=self.platform.name,
             mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),

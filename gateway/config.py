@@ -58,6 +58,12 @@ class ModelSpec(BaseModel):
     #: the probes prove it safe); ``never`` skips it. A failure restarts the slot's engine
     #: under ``serialize`` and says why in /v1/models.
     selftest: Literal["auto", "always", "never"] = "auto"
+    #: CPU engines only: bind slot ``s``'s engine to ``k`` cores of its own (cores
+    #: ``s*k .. s*k+k-1`` of the host's, wrapping) instead of vLLM's auto binding, which
+    #: puts every engine of a host on the same cores (it reserves one core and binds each
+    #: engine process to the rest). A slot's cores depend only on its index, so scaling
+    #: never moves a running engine. ``None`` keeps vLLM's default.
+    cpu_cores_per_slot: int | None = Field(default=None, ge=1, le=4096)
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
 

@@ -44,7 +44,8 @@ def test_replica_throughput_quick(demo_models, tmp_path):
                          text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "replica_throughput.json").read_text())
-    assert list(report["by_replicas"]) == ["1", "2"]
-    assert set(report["by_replicas"]["2"]["requests_per_slot"]) == {"0", "1"}
+    rows = report["variants"]["own-cores"]["by_replicas"]
+    assert list(rows) == ["1", "2"]
+    assert set(rows["2"]["requests_per_slot"]) == {"0", "1"}
     assert report["identical_at_every_count"] is True  # same bits at 1 and 2 replicas
     assert (tmp_path / "replica_throughput.png").stat().st_size > 10_000

@@ -117,3 +117,23 @@ def test_config_rejects_duplicates_and_unknown_fields():
         AppConfig(models=[{"name": "a", "kind": "generative", "model_path": "/x"}] * 2)
     with pytest.raises(ValueError):
         AppConfig(models=[{"name": "a", "kind": "generative", "model_path": "/x", "replcas": 2}])
+
+
+def test_cpu_slots_get_their_own_cores_by_slot_index_only():
+    from deployments.engine_args import slot_cpu_binding
+
+    cores = [0, 1, 2, 3]
+    assert [slot_cpu_binding(s, 1, cores) for s in range(5)] == ["0", "1", "2", "3", "0"]
+    assert [slot_cpu_binding(s, 2, cores) for s in range(3)] == ["0,1", "2,3", "0,1"]
+    assert slot_cpu_binding(0, 8, [4, 5]) == "4,5"  # never more cores than the host has
+    # the plan sets it on CPU only, and a user's explicit binding wins
+    host = ",".join(map(str, sorted(__import__("os").sched_getaffinity(0))))
+    first = sorted(__import__("os").sched_getaffinity(0))[0]
+    plan = plan_engine(spec(cpu_cores_per_slot=1), CPU, port=9, slot=0)
+    assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == str(first)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in plan_engine(spec(), CPU, port=9).env
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in plan_engine(spec(cpu_cores_per_slot=1), H200,
+                                                          port=9).env
+    mine = plan_engine(spec(cpu_cores_per_slot=1, engine_env={"VLLM_CPU_OMP_THREADS_BIND": host}),
+                       CPU, port=9, slot=1)
+    assert mine.env["VLLM_CPU_OMP_THREADS_BIND"] == host
