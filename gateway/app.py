@@ -19,7 +19,7 @@ from gateway.config import AppConfig
 from gateway.ingress import create_app, set_current_gateway
 from gateway.routing import ServeTransport
 from gateway.service import RewardGateway
-from gateway.topology import INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, slot_app_name
+from gateway.topology import INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG, slot_app_name
 
 fastapi_app = create_app()
 
@@ -29,18 +29,19 @@ class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
     use, so a slot added by a later scale-up needs no new ingress."""
 
     class Model:
-        def __init__(self, model: str) -> None:
+        def __init__(self, model: str, prefix: str = "") -> None:
             self.model = model
+            self.prefix = prefix
             self._handles: dict[int, Any] = {}
 
         def __getitem__(self, slot: int) -> Any:
             if slot not in self._handles:
                 self._handles[slot] = serve.get_deployment_handle(
-                    SLOT_DEPLOYMENT, app_name=slot_app_name(self.model, slot))
+                    SLOT_DEPLOYMENT, app_name=slot_app_name(self.model, slot, self.prefix))
             return self._handles[slot]
 
-    def __init__(self, models: list[str]) -> None:
-        self._models = {m: SlotAppHandles.Model(m) for m in models}
+    def __init__(self, models: list[str], prefix: str = "") -> None:
+        self._models = {m: SlotAppHandles.Model(m, prefix) for m in models}
 
     def __getitem__(self, model: str) -> "SlotAppHandles.Model":
         return self._models[model]
@@ -58,11 +59,12 @@ class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
 class Gateway:
     """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot."""
 
-    def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None,
+                 slot_app_prefix: str = "") -> None:
         cfg = AppConfig.model_validate(config)
         limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
         if handles is None:
-            handles = SlotAppHandles([m.name for m in cfg.models])
+            handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
         self.transport = ServeTransport(handles, cfg.gateway, limits)
         self.gateway = RewardGateway(cfg, self.transport)
         set_current_gateway(self.gateway)
@@ -91,5 +93,9 @@ def build_app(args: dict[str, Any]) -> Application:
 
 def build_ingress(args: dict[str, Any]) -> Application:
     """The ingress alone; its slots are separate applications (``gateway.topology``)."""
+    args = dict(args)
+    prefix = str(args.pop(SLOT_PREFIX_ARG, ""))
     cfg = AppConfig.model_validate(args)
+    if prefix:
+        return Gateway.bind(cfg.model_dump(), None, prefix)
     return Gateway.bind(cfg.model_dump())

@@ -29,10 +29,13 @@ INGRESS_IMPORT = "gateway.app:build_ingress"
 SLOT_IMPORT = "deployments.replica:build_slot"
 SLOT_DEPLOYMENT = "SlotReplica"
 COMPACT_IMPORT = "gateway.app:build_app"
+#: Ingress ``args`` key naming its slot applications' prefix (several gateways in one config).
+SLOT_PREFIX_ARG = "slot_app_prefix"
 
 
-def slot_app_name(model: str, slot: int) -> str:
-    return f"{model}-{slot}"
+def slot_app_name(model: str, slot: int, prefix: str = "") -> str:
+    """``<model>-<slot>``; with several gateways in one config, ``<gateway>-<model>-<slot>``."""
+    return f"{prefix}{model}-{slot}"
 
 
 def _model_without_replicas(model: dict[str, Any]) -> dict[str, Any]:
@@ -41,17 +44,20 @@ def _model_without_replicas(model: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def slot_app(model: dict[str, Any], slot: int) -> dict[str, Any]:
+def slot_app(model: dict[str, Any], slot: int, prefix: str = "") -> dict[str, Any]:
     """The Serve application of one slot (``model`` is a validated ``ModelSpec`` dump)."""
-    return {"name": slot_app_name(model["name"], slot), "route_prefix": None,
+    return {"name": slot_app_name(model["name"], slot, prefix), "route_prefix": None,
             "import_path": SLOT_IMPORT,
             "args": {"spec": _model_without_replicas(model), "slot": slot}}
 
 
-def ingress_app(config: AppConfig, route_prefix: str = "/") -> dict[str, Any]:
+def ingress_app(config: AppConfig, route_prefix: str = "/", name: str = INGRESS_APP,
+                slot_prefix: str = "") -> dict[str, Any]:
     dumped = config.model_dump(mode="json")
     args = {**dumped, "models": [_model_without_replicas(m) for m in dumped["models"]]}
-    return {"name": INGRESS_APP, "route_prefix": route_prefix, "import_path": INGRESS_IMPORT,
+    if slot_prefix:
+        args[SLOT_PREFIX_ARG] = slot_prefix
+    return {"name": name, "route_prefix": route_prefix, "import_path": INGRESS_IMPORT,
             "args": args,
             "deployments": [{"name": INGRESS_DEPLOYMENT,
                              "user_config": {"slots": {m.name: m.replicas
@@ -66,15 +72,21 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
     """
     out = copy.deepcopy({k: v for k, v in serve_config.items() if k != "applications"})
     apps: list[dict[str, Any]] = []
+    compact = [a for a in serve_config["applications"] if a.get("import_path") == COMPACT_IMPORT]
     for application in serve_config["applications"]:
         if application.get("import_path") != COMPACT_IMPORT:
             apps.append(copy.deepcopy(application))
             continue
         cfg = AppConfig.model_validate(application.get("args") or {})
-        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/"))
+        # One gateway: the fixed names `rmgate` and `<model>-<slot>` (what `rmgate scale`
+        # works on). Several (e.g. benchmarks/configs/hops.yaml): each keeps its own name
+        # and prefixes its slots with it, so their applications cannot collide.
+        name, prefix = ((INGRESS_APP, "") if len(compact) == 1
+                        else (application["name"], f"{application['name']}-"))
+        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/", name, prefix))
         for model in cfg.models:
             dumped = model.model_dump(mode="json")
-            apps.extend(slot_app(dumped, i) for i in range(model.replicas))
+            apps.extend(slot_app(dumped, i, prefix) for i in range(model.replicas))
     out["applications"] = apps
     return out
 

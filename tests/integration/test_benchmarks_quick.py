@@ -49,3 +49,13 @@ def test_replica_throughput_quick(demo_models, tmp_path):
     assert set(rows["2"]["requests_per_slot"]) == {"0", "1"}
     assert report["identical_at_every_count"] is True  # same bits at 1 and 2 replicas
     assert (tmp_path / "replica_throughput.png").stat().st_size > 10_000
+
+
+def test_hops_quick(demo_models, tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "hops.py"), "--quick",
+                          "--out", str(tmp_path / "hops.json")], cwd=REPO, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "hops.json").read_text())
+    assert set(report["paths"]) == {"engine", "rmgate-direct", "rmgate-handle"}
+    assert report["requests_per_path"] == 40

@@ -73,3 +73,19 @@ def test_scale_errors():
         topology.scale_steps(apps, "rm", 0)
     with pytest.raises(ValueError, match="ingress"):
         topology.scale_steps(apps[1:], "rm", 3)
+
+
+def test_several_gateways_in_one_config_get_their_own_names_and_slot_prefixes():
+    two = {"applications": [
+        {"name": n, "route_prefix": p, "import_path": "gateway.app:build_app",
+         "args": {"gateway": {"transport": t}, "models": [
+             {"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}]}}
+        for n, p, t in (("direct", "/", "direct"), ("handle", "/handle", "handle"))]}
+    names = [a["name"] for a in topology.render(two)["applications"]]
+    assert names == ["direct", "direct-rm-0", "direct-rm-1", "handle", "handle-rm-0", "handle-rm-1"]
+    ingress = topology.render(two)["applications"][3]
+    assert ingress["args"][topology.SLOT_PREFIX_ARG] == "handle-"
+    # one gateway keeps the fixed names `rmgate scale` works on, and no prefix argument
+    one = topology.render({"applications": two["applications"][:1]})["applications"]
+    assert [a["name"] for a in one] == ["rmgate", "rm-0", "rm-1"]
+    assert topology.SLOT_PREFIX_ARG not in one[0]["args"]
