@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,10 @@ from typing import Iterator
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from deployments.engine_process import free_port  # noqa: E402,F401  (one helper, re-exported)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 120) -> None:

@@ -23,18 +23,16 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import dashboard_address, running_gateway  # noqa: E402
-from benchmarks.side_by_side import ENGINE, rm_call  # noqa: E402
+from benchmarks.side_by_side import ENGINE, load, rm_call  # noqa: E402
 
 
 #: (name, cpu_cores_per_slot): the slots' engines pinned to cores of their own (rmgate's
@@ -53,29 +51,12 @@ def config(model_path: Path, cores_per_slot: int | None) -> dict[str, Any]:
 
 
 async def run_load(url: str, calls: list[tuple[str, dict]], concurrency: int) -> dict[str, Any]:
-    sem = asyncio.Semaphore(concurrency)
-    lat: list[float] = []
-    answers: dict[int, str] = {}
-    slots: Counter[str] = Counter()
-    async with httpx.AsyncClient(timeout=600) as client:
-        async def one(i: int) -> None:
-            path, body = calls[i]
-            async with sem:
-                t = time.perf_counter()
-                r = await client.post(url + path, json=body)
-                lat.append(time.perf_counter() - t)
-            r.raise_for_status()
-            answers[i] = json.dumps([d["probs"] for d in r.json()["data"]])
-            slots[r.headers.get("x-rmgate-slot", "?")] += 1
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(len(calls))))
-        wall = time.perf_counter() - start
-    counts = list(slots.values())
-    return {"req_per_s": round(len(calls) / wall, 2),
-            "p50_ms": round(1000 * statistics.median(lat), 2),
-            "requests_per_slot": dict(sorted(slots.items())),
+    """``side_by_side.load`` through the gateway, plus the spread of requests over slots."""
+    r = await load([url], calls, concurrency)
+    counts = list(r["slots"].values())
+    return {"req_per_s": r["req_per_s"], "p50_ms": r["p50_ms"], "requests_per_slot": r["slots"],
             "balance_max_over_mean": round(max(counts) / statistics.mean(counts), 3),
-            "answers": answers}
+            "answers": r["answers"]}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

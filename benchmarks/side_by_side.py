@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,7 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
     sem = asyncio.Semaphore(concurrency)
     lat: list[float] = []
     answers: dict[int, str] = {}
+    slots: Counter[str] = Counter()  # rmgate's x-rmgate-slot per answered request
     errors: list[str] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
             max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)) as c:
@@ -120,6 +122,7 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
                 errors.append(f"{url}: {r.status_code} {r.text[:200]}")
                 return
             answers[i] = answer(path, r.json())
+            slots[r.headers.get("x-rmgate-slot", "-")] += 1
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in order))
         wall = time.perf_counter() - start
@@ -128,7 +131,8 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
     return {"p50_ms": round(1000 * statistics.median(lat), 2),
             "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
             "req_per_s": round(len(answers) / wall, 2), "errors": len(errors),
-            "first_error": errors[0] if errors else None, "answers": answers}
+            "first_error": errors[0] if errors else None, "answers": answers,
+            "slots": dict(sorted(slots.items()))}
 
 
 def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
@@ -200,6 +204,7 @@ async def sweep(paths: dict[str, list[str]], calls: list[tuple[str, dict]], conc
             r["cpu_ms_per_req"] = cpu_accounting.cpu_ms_per_request(
                 before, cpu_accounting.snapshot(), len(calls))
             r.pop("answers")
+            r.pop("slots")
             samples[name].append(r)
     res: dict[str, Any] = {}
     for name, rs in samples.items():

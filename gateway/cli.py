@@ -77,14 +77,14 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     import shutil
     import tempfile
 
-    from gateway.proxy_mode import PROXIES, default_proxy, haproxy_binary, proxy_env
+    from gateway.proxy_mode import default_proxy, proxy_env
 
     proxy = proxy or default_proxy()
-    if proxy not in PROXIES or (proxy == "haproxy" and haproxy_binary() is None):
-        raise typer.BadParameter(f"--proxy must be one of {PROXIES} ('haproxy' needs the "
-                                 "HAProxy binary that ray[serve] ships on Linux)")
-    proxy_dir = Path(tempfile.mkdtemp(prefix="rmgate-proxy-"))
-    os.environ.update(proxy_env(proxy, proxy_dir))  # before Ray starts Serve's processes
+    proxy_dir = Path(tempfile.gettempdir()) / f"rmgate-proxy-{os.getpid()}"
+    try:
+        os.environ.update(proxy_env(proxy, proxy_dir))  # before Ray starts Serve's processes
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(f"--{exc}") from None  # "--proxy must be one of ..."
 
     import ray
     from ray import serve

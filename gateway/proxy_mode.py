@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
+
+from deployments.engine_process import free_port
 
 PROXIES = ("haproxy", "serve")
 
@@ -45,12 +46,6 @@ def haproxy_binary() -> str | None:
 def default_proxy() -> str:
     """HAProxy where its binary is present (Linux with ``ray[serve]``), else Serve's proxy."""
     return "haproxy" if haproxy_binary() else "serve"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proxy_env(proxy: str, workdir: Path) -> dict[str, str]:
@@ -88,5 +83,5 @@ def proxy_env(proxy: str, workdir: Path) -> dict[str, str]:
            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state")}
     for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
                  "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"):
-        env[name] = str(_free_port())
+        env[name] = str(free_port())
     return {k: os.environ.get(k, v) for k, v in env.items()}
