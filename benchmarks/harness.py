@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from deployments.engine_process import free_port  # noqa: E402,F401  (one helper, re-exported)
+from deployments.engine.process import free_port  # noqa: E402,F401  (one helper, re-exported)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 120) -> None:
@@ -65,7 +65,7 @@ def engine_launcher_pid(port: int | str) -> int:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if (b"deployments.engine_launcher" in cmd and b"--port" in cmd
+            if (b"deployments.engine.launcher" in cmd and b"--port" in cmd
                     and cmd[cmd.index(b"--port") + 1] == str(port).encode()):
                 return int(entry.name)
     raise LookupError(port)

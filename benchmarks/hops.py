@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     n = 40 if args.quick else args.requests
 
-    from deployments.demo_models import build_demo_models, demo_models_present
+    from deployments.demo.models import build_demo_models, demo_models_present
     if not demo_models_present(REPO / "models" / "demo"):
         build_demo_models(REPO / "models" / "demo")
 

@@ -87,8 +87,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path,
                     default=REPO / "benchmarks" / "results" / "replica_throughput")
     args = ap.parse_args()
-    from deployments.demo_models import build_demo_models, demo_models_present
-    from gateway.serve_admin import ServeAdmin
+    from deployments.demo.models import build_demo_models, demo_models_present
+    from gateway.serve.admin import ServeAdmin
 
     models = REPO / "models" / "demo"
     if not demo_models_present(models):

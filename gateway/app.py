@@ -1,101 +1,11 @@
-"""The Ray Serve applications: one ingress plus one single-replica deployment per slot.
+"""Public alias: ``import_path: gateway.app:build_app`` in users' Serve configs.
 
-``build_app`` is the ``import_path`` of the compact config files: everything in one
-application, which ``serve run CONFIG`` starts as is. ``rmgate serve`` expands the same
-file (``gateway.topology.render``) into an ingress application (``build_ingress``) and one
-application per slot (``deployments.replica:build_slot``), so that changing ``replicas``
-later starts or stops only the slots concerned (``rmgate scale``).
+The builders live in ``gateway.serve.app``; this module *is* that module (vLLM's way of
+moving a module without breaking users), so ``serve run`` of an existing config works.
 """
 
-from __future__ import annotations
+import sys
 
-from typing import Any, Mapping
+from gateway.serve import app as _app
 
-from ray import serve
-from ray.serve import Application
-
-from deployments.replica import SlotReplica
-from gateway.config import AppConfig
-from gateway.ingress import create_app, set_current_gateway
-from gateway.routing import ServeTransport
-from gateway.service import RewardGateway
-from gateway.topology import INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG, slot_app_name
-
-fastapi_app = create_app()
-
-
-class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
-    """``handles[model][slot]``: Serve handles of the per-slot applications, made on first
-    use, so a slot added by a later scale-up needs no new ingress."""
-
-    class Model:
-        def __init__(self, model: str, prefix: str = "") -> None:
-            self.model = model
-            self.prefix = prefix
-            self._handles: dict[int, Any] = {}
-
-        def __getitem__(self, slot: int) -> Any:
-            if slot not in self._handles:
-                self._handles[slot] = serve.get_deployment_handle(
-                    SLOT_DEPLOYMENT, app_name=slot_app_name(self.model, slot, self.prefix))
-            return self._handles[slot]
-
-    def __init__(self, models: list[str], prefix: str = "") -> None:
-        self._models = {m: SlotAppHandles.Model(m, prefix) for m in models}
-
-    def __getitem__(self, model: str) -> "SlotAppHandles.Model":
-        return self._models[model]
-
-    def __iter__(self):  # type: ignore[override]
-        return iter(self._models)
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-
-@serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=8192,
-                  ray_actor_options={"num_cpus": 0})
-@serve.ingress(fastapi_app)
-class Gateway:
-    """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot."""
-
-    def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None,
-                 slot_app_prefix: str = "") -> None:
-        cfg = AppConfig.model_validate(config)
-        limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
-        if handles is None:
-            handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
-        self.transport = ServeTransport(handles, cfg.gateway, limits)
-        self.gateway = RewardGateway(cfg, self.transport)
-        set_current_gateway(self.gateway)
-
-    def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Serve calls this in place (no restart) when ``user_config`` changes: the slot
-        counts of the per-slot layout (``{"slots": {model: n}}``)."""
-        slots = (user_config or {}).get("slots")
-        if slots:
-            self.gateway.set_slot_counts({str(k): int(v) for k, v in slots.items()})
-
-
-def build_app(args: dict[str, Any]) -> Application:
-    """Serve application builder: ``args`` is an ``AppConfig`` (the config file's args)."""
-    cfg = AppConfig.model_validate(args)
-    handles = {
-        m.name: [
-            SlotReplica.options(name=slot_app_name(m.name, i),
-                                ray_actor_options=m.ray_actor_options).bind(m.model_dump(), i)
-            for i in range(m.replicas)
-        ]
-        for m in cfg.models
-    }
-    return Gateway.bind(cfg.model_dump(), handles)
-
-
-def build_ingress(args: dict[str, Any]) -> Application:
-    """The ingress alone; its slots are separate applications (``gateway.topology``)."""
-    args = dict(args)
-    prefix = str(args.pop(SLOT_PREFIX_ARG, ""))
-    cfg = AppConfig.model_validate(args)
-    if prefix:
-        return Gateway.bind(cfg.model_dump(), None, prefix)
-    return Gateway.bind(cfg.model_dump())
+sys.modules[__name__] = _app

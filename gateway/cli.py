@@ -36,7 +36,7 @@ def load_serve_config(path: Path) -> dict[str, Any]:
 
 
 def render(cfg: dict[str, Any]) -> dict[str, Any]:
-    from gateway import topology
+    from gateway.serve import topology
 
     return topology.render(cfg)
 
@@ -77,7 +77,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     import shutil
     import tempfile
 
-    from gateway.proxy_mode import default_proxy, proxy_env
+    from gateway.serve.proxy_mode import default_proxy, proxy_env
 
     proxy = proxy or default_proxy()
     proxy_dir = Path(tempfile.gettempdir()) / f"rmgate-proxy-{os.getpid()}"
@@ -89,7 +89,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     import ray
     from ray import serve
 
-    from gateway.serve_admin import deploy_local
+    from gateway.serve.admin import deploy_local
 
     cfg = load_serve_config(config)
     http = dict(cfg.get("http_options") or {})
@@ -172,7 +172,7 @@ def scale(model: str = typer.Argument(..., help="The served model to rescale."),
 
     Up: starts the new slot applications, then lets the ingress route to them. Down: stops
     routing to the removed slots, then removes them. Requests keep flowing throughout."""
-    from gateway.serve_admin import DEFAULT_ADDRESS, ServeAdmin
+    from gateway.serve.admin import DEFAULT_ADDRESS, ServeAdmin
 
     admin = ServeAdmin(address or DEFAULT_ADDRESS)
     try:
@@ -187,7 +187,7 @@ def scale(model: str = typer.Argument(..., help="The served model to rescale."),
 def make_demo_models(out_dir: Path = typer.Argument(..., help="Folder to write the models to.")
                      ) -> None:
     """Build the demo GRM and DisRMs from a fixed seed (byte-identical on every run)."""
-    from deployments.demo_models import build_demo_models
+    from deployments.demo.models import build_demo_models
 
     for name, digest in build_demo_models(out_dir).items():
         typer.echo(f"{digest}  {out_dir / name}")
@@ -210,7 +210,7 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
     Exit code 0 only when every response matched the first run exactly."""
     import asyncio
 
-    from gateway import verify
+    from gateway.client import check as verify
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     url = url.rstrip("/")
@@ -231,7 +231,7 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
 def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
          proxy: Optional[str] = PROXY_OPTION) -> None:
     """Build the demo models if missing and serve configs/demo-cpu.yaml."""
-    from deployments.demo_models import build_demo_models, demo_models_present
+    from deployments.demo.models import build_demo_models, demo_models_present
 
     os.chdir(REPO_ROOT)  # the demo config's model paths are relative to the checkout
     if not demo_models_present(DEMO_MODELS_DIR):

@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 @pytest.fixture(scope="session")
 def demo_models() -> Path:
-    from deployments.demo_models import build_demo_models, demo_models_present
+    from deployments.demo.models import build_demo_models, demo_models_present
 
     if not demo_models_present(MODELS):
         build_demo_models(MODELS)

@@ -1,79 +1,11 @@
-"""verl drop-in: a ``compute_score`` for ``reward.custom_reward_function.path``.
+"""Public alias of ``gateway.client.verl`` for verl configs that name this file:
 
     reward.custom_reward_function.path=<site-packages>/gateway/integrations/verl.py
-    reward.custom_reward_function.name=compute_score          # or compute_score_async
-    +reward.custom_reward_function.reward_kwargs.reward_router_address=127.0.0.1:8000
-    +reward.custom_reward_function.reward_kwargs.model=rm     # a DisRM or a GRM judge
 
-The score comes from rmgate's ``/v1/rewards``: for a DisRM the gateway scores the chat
-conversation prompt messages + assistant response with the model's own chat template (the
-same tokens verl's built-in ``/classify`` path sends: template applied, BOS once) and
-returns the raw logit ``data[-1].probs[-1]``; for a GRM it asks the judge with the model's
-configured template and parses the score. Same inputs, same bits, every run.
-
-The prompt is taken from ``extra_info`` (``messages``, ``raw_prompt``, ``prompt`` or
-``question``) or from a ``prompt`` keyword. Imports no Ray and no vLLM.
+verl loads the file by path and looks up ``compute_score`` in it, so this file re-exports
+the functions (a ``sys.modules`` swap would not reach verl's loader).
 """
 
-from __future__ import annotations
+from gateway.client.verl import build_item, compute_score, compute_score_async  # noqa: F401
 
-import os
-from typing import Any
-
-from gateway.client import RewardClient
-
-_CLIENTS: dict[tuple[str, str | None], RewardClient] = {}
-PROMPT_KEYS = ("messages", "raw_prompt", "prompt", "question")
-
-
-def _client(address: str | None, model: str | None) -> RewardClient:
-    address = address or os.environ.get("RMGATE_URL")
-    if not address:
-        raise ValueError("rmgate: pass reward_kwargs.reward_router_address=host:port "
-                         "(or set RMGATE_URL)")
-    key = (address, model)
-    if key not in _CLIENTS:
-        _CLIENTS[key] = RewardClient(address, model=model, concurrency=64, progress=False)
-    return _CLIENTS[key]
-
-
-def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
-               prompt: Any = None) -> dict[str, Any]:
-    """The /v1/rewards item for one verl sample."""
-    source = prompt
-    if source is None and extra_info:
-        source = next((extra_info[k] for k in PROMPT_KEYS if extra_info.get(k) is not None), None)
-    item: dict[str, Any] = {"response": solution_str}
-    if isinstance(source, (list, tuple)):
-        item["messages"] = [dict(m) for m in source]
-    else:
-        item["prompt"] = "" if source is None else str(source)
-    if ground_truth is not None:
-        item["label"] = ground_truth if isinstance(ground_truth, (str, int, float)) else str(ground_truth)
-    return item
-
-
-def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
-    # verl reads "score" and logs the other keys; keep them numeric and the same every call.
-    return {"score": float(reward), "rmgate_slot": int(str(detail.get("slot", "0")).split(",")[0]),
-            "rmgate_parsed": float(detail.get("parsed", True))}
-
-
-def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
-                  extra_info: dict[str, Any] | None = None, *,
-                  reward_router_address: str | None = None, model: str | None = None,
-                  prompt: Any = None, **_: Any) -> dict[str, Any]:
-    """verl's custom reward function (sync; verl runs it in an executor)."""
-    item = build_item(solution_str, ground_truth, extra_info, prompt)
-    reward, detail = _client(reward_router_address, model).score_detailed([item])[0]
-    return _result(reward, detail)
-
-
-async def compute_score_async(data_source: str, solution_str: str, ground_truth: Any = None,
-                              extra_info: dict[str, Any] | None = None, *,
-                              reward_router_address: str | None = None, model: str | None = None,
-                              prompt: Any = None, **_: Any) -> dict[str, Any]:
-    """The same as ``compute_score`` for verl's async reward loop."""
-    item = build_item(solution_str, ground_truth, extra_info, prompt)
-    reward, detail = (await _client(reward_router_address, model).ascore_detailed([item]))[0]
-    return _result(reward, detail)
+__all__ = ["build_item", "compute_score", "compute_score_async"]

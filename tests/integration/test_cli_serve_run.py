@@ -27,7 +27,7 @@ from gateway.client import RewardClient
 from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
                                         wait_until_serving)
 from benchmarks.harness import engine_launcher_pid
-from deployments.demo_training import sum_items
+from deployments.demo.training import sum_items
 
 pytestmark = pytest.mark.integration
 

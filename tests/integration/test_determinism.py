@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.verify import disrm_calls, grm_calls, replay, shuffled
+from gateway.client.check import disrm_calls, grm_calls, replay, shuffled
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from benchmarks.harness import engine_launcher_pid
-from gateway.hashing import slot_for_key
-from gateway.keys import request_key
+from gateway.core.hashing import slot_for_key
+from gateway.core.keys import request_key
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import asyncio
 import httpx
 import pytest
 
-from deployments.engine_args import Platform, plan_engine
-from deployments.engine_process import EngineProcess, free_port
-from gateway.config import ModelSpec
+from deployments.engine.args import Platform, plan_engine
+from deployments.engine.process import EngineProcess, free_port
+from gateway.core.config import ModelSpec
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from benchmarks.harness import dashboard_address
-from gateway.hashing import slot_for_key
+from gateway.core.hashing import slot_for_key
 from tests.integration.conftest import REPO, TEST_CONFIG
 
 pytestmark = pytest.mark.integration

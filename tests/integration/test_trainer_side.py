@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from deployments.demo_training import sum_items, sums_split
+from deployments.demo.training import sum_items, sums_split
 from gateway.client import RewardClient
-from gateway.integrations.verl import compute_score
+from gateway.client.verl import compute_score
 from benchmarks.harness import engine_launcher_pid
 
 pytestmark = pytest.mark.integration

@@ -112,7 +112,7 @@ async def test_sync_api_works_inside_a_running_loop():
 
 
 def test_client_imports_neither_ray_nor_vllm():
-    code = ("import sys, gateway.client, gateway.integrations.verl; "
+    code = ("import sys, gateway.client, gateway.client.verl; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from deployments.demo_models import DEMO_DIGESTS, DEMO_MODELS
-from deployments.demo_training import chat_text, disrm_text, judge_prompt, sums_split
-from deployments.fingerprint import digest_dir
+from deployments.demo.models import DEMO_DIGESTS, DEMO_MODELS
+from deployments.demo.training import chat_text, disrm_text, judge_prompt, sums_split
+from deployments.engine.fingerprint import digest_dir
 
 
 def test_build_reproduces_the_checked_in_bytes(demo_models):

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from gateway.engine_client import AiohttpEngineClient
+from gateway.transport.engine_client import AiohttpEngineClient
 
 
 def _free_port() -> int:

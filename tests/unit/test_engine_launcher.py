@@ -23,7 +23,7 @@ def _alive(pid: int) -> bool:
 def _launch(tmp_path):
     pidfile = tmp_path / "server.pid"
     server = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine_launcher", "--",
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine.launcher", "--",
                              sys.executable, "-c", server], start_new_session=True)
     deadline = time.monotonic() + 30
     while not (pidfile.exists() and pidfile.read_text()):

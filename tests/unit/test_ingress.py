@@ -7,12 +7,12 @@ import json
 import httpx
 import pytest
 
-from gateway.config import AppConfig
-from gateway.hashing import slot_for_key
-from gateway.ingress import create_app
-from gateway.keys import derive_seed, request_key
-from gateway.routing import EngineReply, SlotInfo
-from gateway.service import RewardGateway
+from gateway.core.config import AppConfig
+from gateway.core.hashing import slot_for_key
+from gateway.http.app import create_app
+from gateway.core.keys import derive_seed, request_key
+from gateway.transport.slot_transport import EngineReply, SlotInfo
+from gateway.core.service import RewardGateway
 
 CONFIG = {
     "models": [

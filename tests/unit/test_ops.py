@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import AppConfig
-from gateway.ingress import create_app
-from gateway.routing import REQUEST_TIMEOUT_S, EngineReply
-from gateway.service import RewardGateway
+from gateway.core.config import AppConfig
+from gateway.http.app import create_app
+from gateway.transport.slot_transport import REQUEST_TIMEOUT_S, EngineReply
+from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import CONFIG, FakeTransport
 
 

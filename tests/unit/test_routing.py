@@ -8,11 +8,11 @@ import time
 import httpx
 import pytest
 
-from gateway import metrics
-from gateway.config import GatewaySettings
-from gateway.engine_client import HttpxEngineClient
-from gateway.hashing import slot_for_key, slot_ranking
-from gateway.routing import ServeTransport, SlotUnavailable
+from gateway.observability import metrics
+from gateway.core.config import GatewaySettings
+from gateway.transport.engine_client import HttpxEngineClient
+from gateway.core.hashing import slot_for_key, slot_ranking
+from gateway.transport.slot_transport import ServeTransport, SlotUnavailable
 
 
 class _Call:

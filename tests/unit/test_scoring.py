@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.scoring import ScorerSpec, judge_prompt, make_parser
+from gateway.core.scoring import ScorerSpec, judge_prompt, make_parser
 
 
 @pytest.mark.parametrize("spec,text,expected", [

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from deployments.engine_args import Platform, PolicyError, needs_selftest, plan_engine
-from deployments.selftest import PROBE_TEXTS, run_selftest
-from gateway.config import ModelSpec
+from deployments.engine.args import Platform, PolicyError, needs_selftest, plan_engine
+from deployments.engine.selftest import PROBE_TEXTS, run_selftest
+from gateway.core.config import ModelSpec
 
 
 class Engine:
@@ -83,8 +83,8 @@ def test_one_attention_backend_per_model():
 def test_gpu_config_plans_packed_batch_invariant_slots():
     import yaml
 
-    from gateway import topology
-    from gateway.config import AppConfig
+    from gateway.serve import topology
+    from gateway.core.config import AppConfig
     from tests.integration.conftest import REPO
 
     raw = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())

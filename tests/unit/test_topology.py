@@ -8,7 +8,7 @@ import pytest
 from ray.serve._private.deploy_utils import get_app_code_version
 from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 
-from gateway import topology
+from gateway.serve import topology
 
 COMPACT = {
     "http_options": {"host": "127.0.0.1", "port": 8000},

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gateway.verify import (Result, compare, essence, format_table, generated_calls, load_calls,
+from gateway.client.check import (Result, compare, essence, format_table, generated_calls, load_calls,
                             max_abs_diff)
 
 

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config import ModelSpec
+from gateway.core.config import ModelSpec
 
 DEFAULT_MAX_MODEL_LEN = 1024
 

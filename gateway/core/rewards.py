@@ -14,11 +14,11 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
-from gateway.config import ModelSpec
-from gateway.errors import GatewayError
-from gateway.keys import canonical_json
-from gateway.scoring import judge_prompt
-from gateway.service import GatewayResponse, RewardGateway, parse_json_object, validate
+from gateway.core.config import ModelSpec
+from gateway.http.errors import GatewayError
+from gateway.core.keys import canonical_json
+from gateway.core.scoring import judge_prompt
+from gateway.core.service import GatewayResponse, RewardGateway, parse_json_object, validate
 
 Label = Union[StrictStr, StrictInt, StrictFloat, None]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from deployments.engine_args import EnginePlan
+from deployments.engine.args import EnginePlan
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,7 +50,7 @@ class EngineProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.plan.env}
-        cmd = [sys.executable, "-m", "deployments.engine_launcher", "--",
+        cmd = [sys.executable, "-m", "deployments.engine.launcher", "--",
                sys.executable, "-m", "vllm.entrypoints.openai.api_server", *self.plan.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -1,7 +1,7 @@
 """The gateway's core: from a request body to a deterministic engine call and back.
 
 Kept free of Ray and FastAPI so its logic (model resolution, keys, slots, seeds, list
-splitting, reassembly) is unit-testable against a fake transport; ``gateway.ingress``
+splitting, reassembly) is unit-testable against a fake transport; ``gateway.http.app``
 only adapts HTTP to it.
 """
 
@@ -15,15 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gateway import metrics
-from gateway.config import AppConfig, ModelSpec
-from gateway.errors import GatewayError, engine_error_message
-from gateway.hashing import slot_for_key, slot_ranking
-from gateway.keys import canonical_json, derive_seed, key_hex, request_key
-from gateway.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
+from gateway.observability import metrics
+from gateway.core.config import AppConfig, ModelSpec
+from gateway.http.errors import GatewayError, engine_error_message
+from gateway.core.hashing import slot_for_key, slot_ranking
+from gateway.core.keys import canonical_json, derive_seed, key_hex, request_key
+from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                ModelCard, ModelList)
-from gateway.routing import EngineReply, SlotRemoved, Transport
-from gateway.scoring import make_parser
+from gateway.transport.slot_transport import EngineReply, SlotRemoved, Transport
+from gateway.core.scoring import make_parser
 
 logger = logging.getLogger("rmgate")
 

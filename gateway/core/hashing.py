@@ -7,7 +7,7 @@ Plain ``crc32 % N`` would move about N/(N+1) of all keys on every scale event.
 
 from __future__ import annotations
 
-from gateway.keys import MASK64, splitmix64
+from gateway.core.keys import MASK64, splitmix64
 
 
 def jump_hash(key64: int, num_buckets: int) -> int:

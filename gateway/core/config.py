@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.scoring import ScorerSpec
+from gateway.core.scoring import ScorerSpec
 
 Kind = Literal["generative", "discriminative"]
 DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]

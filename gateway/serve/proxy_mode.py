@@ -22,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from deployments.engine_process import free_port
+from deployments.engine.process import free_port
 
 PROXIES = ("haproxy", "serve")
 

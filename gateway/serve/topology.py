@@ -5,10 +5,10 @@ Ray Serve versions every deployment of an application by a hash of the applicati
 change of ``replicas`` would change that hash and restart every engine. So ``rmgate serve``
 expands the compact config (one application, ``gateway.app:build_app``) into:
 
-* ``rmgate``: the ingress (``gateway.app:build_ingress``). Its ``args`` hold the models
+* ``rmgate``: the ingress (``gateway.serve.app:build_ingress``). Its ``args`` hold the models
   *without* their slot counts; the counts live in the ingress deployment's
   ``user_config``, which Serve applies in place (``reconfigure``), without a restart.
-* ``<model>-<slot>``: one application per slot (``deployments.replica:build_slot``) whose
+* ``<model>-<slot>``: one application per slot (``deployments.slot.replica:build_slot``) whose
   ``args`` are the model (again without ``replicas``) and the slot index. Adding slot 2
   adds an application; slots 0 and 1 keep their ``args``, hence their version and engine.
 
@@ -21,14 +21,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway.config import AppConfig
+from gateway.core.config import AppConfig
 
 INGRESS_APP = "rmgate"
 INGRESS_DEPLOYMENT = "gateway"
-INGRESS_IMPORT = "gateway.app:build_ingress"
-SLOT_IMPORT = "deployments.replica:build_slot"
+INGRESS_IMPORT = "gateway.serve.app:build_ingress"
+SLOT_IMPORT = "deployments.slot.replica:build_slot"
 SLOT_DEPLOYMENT = "SlotReplica"
+#: What users write in compact configs (the public alias) and its canonical module.
 COMPACT_IMPORT = "gateway.app:build_app"
+COMPACT_IMPORTS = frozenset({COMPACT_IMPORT, "gateway.serve.app:build_app"})
+#: Import paths of earlier rendered configs (still deployed somewhere, still recognized).
+INGRESS_IMPORTS = frozenset({INGRESS_IMPORT, "gateway.app:build_ingress"})
+SLOT_IMPORTS = frozenset({SLOT_IMPORT, "deployments.replica:build_slot"})
 #: Ingress ``args`` key naming its slot applications' prefix (several gateways in one config).
 SLOT_PREFIX_ARG = "slot_app_prefix"
 
@@ -72,9 +77,9 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
     """
     out = copy.deepcopy({k: v for k, v in serve_config.items() if k != "applications"})
     apps: list[dict[str, Any]] = []
-    compact = [a for a in serve_config["applications"] if a.get("import_path") == COMPACT_IMPORT]
+    compact = [a for a in serve_config["applications"] if a.get("import_path") in COMPACT_IMPORTS]
     for application in serve_config["applications"]:
-        if application.get("import_path") != COMPACT_IMPORT:
+        if application.get("import_path") not in COMPACT_IMPORTS:
             apps.append(copy.deepcopy(application))
             continue
         cfg = AppConfig.model_validate(application.get("args") or {})
@@ -101,7 +106,7 @@ def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _ingress(apps: list[dict[str, Any]]) -> dict[str, Any]:
-    found = [a for a in apps if a.get("import_path") == INGRESS_IMPORT]
+    found = [a for a in apps if a.get("import_path") in INGRESS_IMPORTS]
     if len(found) != 1:
         raise ValueError(f"expected one rmgate ingress application ({INGRESS_IMPORT}), "
                          f"found {len(found)}; was this deployment started by `rmgate serve` "
@@ -126,11 +131,11 @@ def with_slot_apps(apps: list[dict[str, Any]], model: str, n: int) -> list[dict[
     existing ones are kept byte for byte, so Serve leaves their engines alone."""
     apps = copy.deepcopy(apps)
     mine = {a["args"]["slot"]: a for a in apps
-            if a.get("import_path") == SLOT_IMPORT and a["args"]["spec"]["name"] == model}
+            if a.get("import_path") in SLOT_IMPORTS and a["args"]["spec"]["name"] == model}
     if not mine:
         raise ValueError(f"no slot application of model {model!r} is deployed")
     template = mine[min(mine)]
-    keep = [a for a in apps if not (a.get("import_path") == SLOT_IMPORT
+    keep = [a for a in apps if not (a.get("import_path") in SLOT_IMPORTS
                                     and a["args"]["spec"]["name"] == model
                                     and a["args"]["slot"] >= n)]
     added = [{**copy.deepcopy(template), "name": slot_app_name(model, i),

@@ -14,11 +14,12 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import metrics, routing
-from gateway.errors import GatewayError, error_response, install_error_handlers
-from gateway.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
-from gateway.rewards import GetRewardRequest, RewardScorer, RewardsRequest
-from gateway.service import GatewayResponse, RewardGateway
+from gateway.observability import metrics
+from gateway.transport import slot_transport as routing
+from gateway.http.errors import GatewayError, error_response, install_error_handlers
+from gateway.core.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
+from gateway.core.rewards import GetRewardRequest, RewardScorer, RewardsRequest
+from gateway.core.service import GatewayResponse, RewardGateway
 
 
 _CURRENT: dict[str, RewardGateway] = {}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gateway import topology
+from gateway.serve import topology
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}

@@ -24,10 +24,10 @@ from typing import Any, Protocol, Sequence
 
 import httpx
 
-from gateway import metrics
-from gateway.config import GatewaySettings
-from gateway.engine_client import AiohttpEngineClient, EngineClient
-from gateway.errors import GatewayError
+from gateway.observability import metrics
+from gateway.core.config import GatewaySettings
+from gateway.transport.engine_client import AiohttpEngineClient, EngineClient
+from gateway.http.errors import GatewayError
 
 logger = logging.getLogger("rmgate")
 

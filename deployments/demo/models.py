@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.fingerprint import digest_dir
+from deployments.engine.fingerprint import digest_dir
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -46,7 +46,7 @@ class DemoModelSpec:
     num_heads: int
     num_kv_heads: int
     seed: int
-    #: Seconds-long training on the single-digit-sum judging task (deployments.demo_training).
+    #: Seconds-long training on the single-digit-sum judging task (deployments.demo.training).
     trained: bool = False
 
 
@@ -211,7 +211,7 @@ def _trained(spec: DemoModelSpec, weights: dict[str, Any]) -> dict[str, Any]:
     from tokenizers import Tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
-    from deployments import demo_training
+    from deployments.demo import training as demo_training
 
     cfg_dict = {k: v for k, v in model_config(spec).items() if k not in ("architectures", "torch_dtype")}
     cfg = Qwen2Config(**cfg_dict)

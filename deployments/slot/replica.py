@@ -1,0 +1,106 @@
+"""The slot replica: a single-replica Ray Serve deployment that owns one vLLM engine.
+
+One deployment per slot (``<model>-0 … <model>-(N-1)``) rather than N replicas of one
+deployment: the slot index lives in the deployment name, so it survives restarts (Ray's
+replica ids do not), routing by key needs no custom request router, and a dead slot does
+not stall requests bound for healthy ones (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ray import serve
+from ray.serve import Application
+
+from deployments.engine.args import detect_platform, needs_selftest, plan_engine
+from deployments.engine.process import EngineProcess, free_port
+from deployments.engine.fingerprint import build_fingerprint, digest_dir
+from deployments.engine.selftest import run_selftest
+from gateway.core.config import ModelSpec
+
+logger = logging.getLogger("ray.serve")
+
+ENGINE_HOST = "127.0.0.1"
+
+
+@serve.deployment(
+    num_replicas=1,
+    max_ongoing_requests=4096,
+    health_check_period_s=5,
+    health_check_timeout_s=30,
+    graceful_shutdown_timeout_s=20,
+)
+class SlotReplica:
+    """Starts the slot's engine under the model's determinism policy and reports where it is."""
+
+    def __init__(self, spec: dict[str, Any], slot: int) -> None:
+        self.spec = ModelSpec(**spec)
+        self.slot = slot
+        self.platform = detect_platform()
+        self.selftest: dict[str, Any] | None = None
+        self._start_engine(self.spec)
+        if needs_selftest(self.spec, self.plan.mode):
+            result = run_selftest(self.engine.url, self.spec.kind, self.spec.name)
+            self.selftest = {**result.as_dict(), "mode": self.plan.mode}
+            logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
+            if not result.passed:
+                self.engine.stop()
+                self._start_engine(self.spec.model_copy(update={"determinism": "serialize"}))
+                self.selftest["fallback"] = "serialize"
+        self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
+        logger.info("slot %s-%d: engine ready at %s (mode %s)", self.spec.name, slot,
+                    self.engine.url, self.plan.mode)
+
+    def _start_engine(self, spec: ModelSpec) -> None:
+        port = free_port(ENGINE_HOST)
+        self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST,
+                                slot=self.slot)
+        self.fingerprint = build_fingerprint(
+            model_digest=digest_dir(spec.model_path), device=self.platform.name,
+            mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
+            attention=self.plan.attention_backend)
+        if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
+            cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
+            self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+            self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        self.engine = EngineProcess(self.plan, ENGINE_HOST, port, f"{spec.name}-{self.slot}")
+        logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
+                    port, self.plan.mode)
+        self.engine.start()
+        self.engine.wait_ready(spec.startup_timeout_s)
+
+    async def endpoint(self) -> dict[str, Any]:
+        """Where the ingress reaches this slot's engine, and what its answers depend on."""
+        return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
+                "max_inflight": self.plan.max_inflight, "slot": self.slot,
+                "engine_pid": self.engine.pid, "selftest": self.selftest}
+
+    async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """The ``handle`` transport: post ``body`` to the engine from inside the replica."""
+        resp = await self.client.post(self.engine.url + path, content=body, timeout=timeout_s,
+                                      headers={"content-type": "application/json"})
+        return resp.status_code, resp.content
+
+    async def check_health(self) -> None:
+        """Ray Serve restarts this replica (and so the engine) when this raises."""
+        if not await self.engine.healthy(self.client):
+            raise RuntimeError(f"engine of slot {self.spec.name}-{self.slot} is not healthy")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.stop()
+
+
+def build_slot(args: dict[str, Any]) -> Application:
+    """One slot as its own Serve application (``{"spec": ModelSpec, "slot": i}``), so that
+    adding or removing slots never changes this application's version (``gateway.serve.topology``)."""
+    spec = ModelSpec(**args["spec"])
+    slot = int(args["slot"])
+    return SlotReplica.options(ray_actor_options=spec.ray_actor_options).bind(
+        spec.model_dump(), slot)
