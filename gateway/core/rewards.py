@@ -15,10 +15,12 @@ from typing import Any, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from gateway.core.config import ModelSpec
-from gateway.http.errors import GatewayError
+from gateway.core.errors import InvalidSchema, RmgateError
 from gateway.core.keys import canonical_json
+from gateway.core.requests import parse_json_object, validate
+from gateway.core.results import GatewayResult
 from gateway.core.scoring import judge_prompt
-from gateway.core.service import GatewayResponse, RewardGateway, parse_json_object, validate
+from gateway.core.service import RewardGateway
 
 Label = Union[StrictStr, StrictInt, StrictFloat, None]
 
@@ -52,43 +54,33 @@ def _label_text(label: Label) -> str | None:
     return None if label is None else str(label)
 
 
-def _headers_detail(resp: GatewayResponse) -> dict[str, Any]:
-    h = resp.headers
-    detail: dict[str, Any] = {"key": h.get("x-rmgate-key"), "slot": h.get("x-rmgate-slot")}
-    if "x-rmgate-seed" in h:
-        detail["seed"] = int(h["x-rmgate-seed"])
+def _route_detail(result: GatewayResult) -> dict[str, Any]:
+    """What decided an item's reward: its key, the slot that answered, its seed."""
+    detail: dict[str, Any] = {"key": result.key_hex, "slot": result.slots[-1]}
+    if result.seed is not None:
+        detail["seed"] = result.seed
     return detail
 
 
 class RewardScorer:
     """Turns (prompt, response, label) items into rewards with the configured models."""
 
-    def __init__(self, gateway: RewardGateway) -> None:
+    def __init__(self, gateway: RewardGateway, timeout_s: float | None = None) -> None:
         self.gateway = gateway
+        self.timeout_s = timeout_s
 
     def reward_model(self, name: str | None) -> ModelSpec:
-        cfg = self.gateway.config
-        name = name or cfg.gateway.default_reward_model
-        if name is None:
-            if len(cfg.models) != 1:
-                raise GatewayError(400, "`model` is required: several models are served "
-                                   f"({[m.name for m in cfg.models]}) and no "
-                                   "default_reward_model is configured", "model_required",
-                                   param="model")
-            return cfg.models[0]
-        spec = cfg.model(name)
-        if spec is None:
-            raise GatewayError(404, f"The model `{name}` does not exist", "model_not_found",
-                               param="model")
-        return spec
+        """The model a rewards request names, else ``default_reward_model``, else the only
+        model served (of either kind)."""
+        return self.gateway.resolve_model(name, None,
+                                          default=self.gateway.config.gateway.default_reward_model)
 
-    async def _call(self, path: str, body: dict[str, Any], index: int) -> GatewayResponse:
+    async def _call(self, path: str, body: dict[str, Any], index: int) -> GatewayResult:
         call = self.gateway.generate if path == "/v1/chat/completions" else self.gateway.pool
         try:
-            return await call(path, canonical_json(body))
-        except GatewayError as err:
-            err.message = f"item {index}: {err.message}"
-            raise
+            return await call(path, canonical_json(body), self.timeout_s)
+        except RmgateError as err:
+            raise err.for_item(index)
 
     async def _score_disrm(self, spec: ModelSpec, index: int, *, messages: list[dict[str, Any]] | None,
                            text: str | None) -> tuple[float, dict[str, Any]]:
@@ -97,18 +89,18 @@ class RewardScorer:
             body["messages"] = messages
         else:
             body["input"] = text
-        resp = await self._call("/classify", body, index)
-        score = float(json.loads(resp.body)["data"][-1]["probs"][-1])
-        return score, {"index": index, **_headers_detail(resp), "raw_score": score}
+        result = await self._call("/classify", body, index)
+        score = float(json.loads(result.body)["data"][-1]["probs"][-1])
+        return score, {"index": index, **_route_detail(result), "raw_score": score}
 
     async def _score_grm(self, spec: ModelSpec, index: int, prompt: str, response: str,
                          label: str | None) -> tuple[float, dict[str, Any]]:
         content = judge_prompt(spec.scorer, prompt, response, label)
         body = {"model": spec.name, "messages": [{"role": "user", "content": content}]}
-        resp = await self._call("/v1/chat/completions", body, index)
-        text = json.loads(resp.body)["choices"][0]["message"]["content"] or ""
+        result = await self._call("/v1/chat/completions", body, index)
+        text = json.loads(result.body)["choices"][0]["message"]["content"] or ""
         parsed = self.gateway.parsers[spec.name](text)
-        detail = {"index": index, **_headers_detail(resp), "judge_text": text,
+        detail = {"index": index, **_route_detail(result), "judge_text": text,
                   "parsed": parsed is not None}
         if parsed is None:
             detail["error"] = f"no score found by parser '{spec.scorer.parser}'; default used"
@@ -116,8 +108,8 @@ class RewardScorer:
 
     async def _score_item(self, spec: ModelSpec, index: int, item: RewardItem) -> tuple[float, dict]:
         if item.prompt is None and item.messages is None:
-            raise GatewayError(422, f"items[{index}]: one of `prompt` or `messages` is required",
-                               "invalid_schema", param="items")
+            raise InvalidSchema(f"items[{index}]: one of `prompt` or `messages` is required",
+                                param="items")
         if spec.kind == "discriminative":
             msgs = list(item.messages) if item.messages is not None else \
                 [{"role": "user", "content": item.prompt}]
@@ -129,27 +121,29 @@ class RewardScorer:
             prompt = str(users[-1]) if users else ""
         return await self._score_grm(spec, index, prompt, item.response, _label_text(item.label))
 
-    async def rewards(self, path: str, raw: bytes) -> GatewayResponse:  # noqa: ARG002
+    async def rewards(self, raw: bytes) -> GatewayResult:
         req = validate(RewardsRequest, parse_json_object(raw))
         spec = self.reward_model(req.model)
         scored = await asyncio.gather(*(self._score_item(spec, i, it)
                                         for i, it in enumerate(req.items)))
         body = {"model": spec.name, "rewards": [s for s, _ in scored],
                 "details": [d for _, d in scored]}
-        return GatewayResponse(200, json.dumps(body, ensure_ascii=False).encode(),
-                               {"x-rmgate-model": spec.name})
+        return GatewayResult(model=spec.name, body=json.dumps(body, ensure_ascii=False).encode(),
+                             endpoint="/v1/rewards")
 
-    async def get_reward(self, path: str, raw: bytes) -> GatewayResponse:  # noqa: ARG002
+    async def get_reward(self, raw: bytes) -> GatewayResult:
         req = validate(GetRewardRequest, parse_json_object(raw))
         n = len(req.query)
         prompts = req.prompts if req.prompts is not None else [""] * n
         labels = req.labels if req.labels is not None else [None] * n
         if len(prompts) != n or len(labels) != n:
-            raise GatewayError(422, f"query, prompts and labels must have one entry each "
-                               f"(got {n}, {len(prompts)}, {len(labels)})", "invalid_schema")
+            raise InvalidSchema(f"query, prompts and labels must have one entry each "
+                                f"(got {n}, {len(prompts)}, {len(labels)})")
         scored: list[tuple[float, dict]] = []
+        model = ""
         if n:
             spec = self.reward_model(None)
+            model = spec.name
             if spec.kind == "discriminative":
                 jobs = [self._score_disrm(spec, i, messages=None, text=q)
                         for i, q in enumerate(req.query)]
@@ -159,8 +153,8 @@ class RewardScorer:
                         for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
             scored = list(await asyncio.gather(*jobs))
         rewards = [s for s, _ in scored]
-        extra = {"slot": [int(str(d["slot"]).split(",")[0]) for _, d in scored]}
+        extra: dict[str, Any] = {"slot": [d["slot"] for _, d in scored]}
         if scored and "parsed" in scored[0][1]:
             extra["parsed"] = [float(d["parsed"]) for _, d in scored]
         body = {"rewards": rewards, "scores": rewards, "extra_logs": extra}
-        return GatewayResponse(200, json.dumps(body).encode())
+        return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward")

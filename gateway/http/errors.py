@@ -1,100 +1,96 @@
-"""OpenAI-style JSON errors and the status each failure maps to (DESIGN.md §3).
-
-Trainers react to the status: verl retries 5xx and never 4xx, OpenRLHF retries everything
-then drops the reward. So bad input must be a 4xx (never a 500), an engine's 4xx is passed
-through with its status, and only gateway/engine trouble is a 5xx.
+"""Errors at the HTTP edge: every ``RmgateError`` (and FastAPI's own 404/405/422) becomes
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with a JSON content type and a
+string ``code``, in one place. ``ErrorResponse`` documents that shape in the OpenAPI schema.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    502: "bad_gateway_error",
-    503: "service_unavailable_error",
-    504: "timeout_error",
-}
+from gateway.core.errors import (InternalError, InvalidSchema, MethodNotAllowed, RmgateError,
+                                 RouteNotFound, validation_message)
+from gateway.http.headers import result_headers
+from gateway.observability import metrics
+
+logger = logging.getLogger("rmgate")
 
 
-class GatewayError(Exception):
-    """A failure with a definite HTTP status and a message meant for the caller."""
-
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.headers = headers or {}
+class ErrorInfo(BaseModel):
+    message: str = Field(description="What went wrong, for a person.")
+    type: str = Field(description="OpenAI's error type (invalid_request_error, ...).")
+    param: str | None = Field(default=None, description="The request field at fault.")
+    code: str = Field(description="rmgate's error code (model_not_found, queue_full, ...).")
 
 
-def error_body(status: int, message: str, code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
-                      "param": param, "code": code if code is not None else status}}
+class ErrorResponse(BaseModel):
+    """The body of every non-200 answer."""
+
+    error: ErrorInfo
 
 
-def error_response(err: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(err.status, err.message, err.code, err.param),
-                        status_code=err.status, headers={**err.headers, **(extra_headers or {})})
+#: Statuses each engine endpoint can answer besides 200 (for the OpenAPI document).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "bad JSON, unknown parameter combination, or the engine's own 4xx"),
+        (401, "missing or invalid API key (when auth is on)"),
+        (404, "unknown model"),
+        (413, "body over gateway.max_body_bytes"),
+        (422, "wrong types"),
+        (502, "the engine failed"),
+        (503, "slot queue full or slot unavailable (Retry-After)"),
+        (504, "the engine did not answer in time"),
+    )}
 
 
-def engine_error_message(raw: bytes) -> str:
-    """The message inside an engine's error body, whatever shape vLLM gave it."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw.decode("utf-8", "replace")[:2000]
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if "detail" in data:
-            return json.dumps(data["detail"])[:2000]
-    return json.dumps(data)[:2000]
+def error_response(err: RmgateError) -> JSONResponse:
+    """``err`` as the JSON answer, with what was decided before it failed in headers."""
+    headers = {**(result_headers(err.routed) if err.routed is not None else {}), **err.headers}
+    return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for e in exc.errors()[:10]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
-    return "; ".join(parts) or "invalid request"
+def _http_error(exc: StarletteHTTPException) -> RmgateError:
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    if exc.status_code == 404:
+        return RouteNotFound(detail)
+    if exc.status_code == 405:
+        return MethodNotAllowed(detail)
+    err = RmgateError(detail, headers=getattr(exc, "headers", None) or {})
+    err.status = exc.status_code  # type: ignore[misc]  # an instance-level status, rare
+    err.code = f"http_{exc.status_code}"  # type: ignore[misc]
+    return err
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error the app can produce becomes ``{"error": {...}}`` with a JSON content type."""
+    """Every error the app can produce becomes ``{"error": {...}}`` (never an HTML page)."""
 
-    @app.exception_handler(GatewayError)
-    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return error_response(exc)
+    def _answer(request: Request, err: RmgateError) -> JSONResponse:
+        response = error_response(err)
+        route = request.scope.get("route")  # None for unknown paths: no label per path
+        if route is not None:
+            metrics.record_request("", getattr(route, "path", ""), response.status_code, None)
+        return response
+
+    @app.exception_handler(RmgateError)
+    async def _rmgate_error(request: Request, exc: RmgateError) -> JSONResponse:
+        return _answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(422, _validation_message(exc), "invalid_schema"),
-                            status_code=422)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _answer(request, InvalidSchema(validation_message(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return JSONResponse(error_body(exc.status_code, msg), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+    async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _answer(request, _http_error(exc))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:  # pragma: no cover
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}",
-                                       "internal_error"), status_code=500)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover
+        logger.exception("unexpected error on %s", request.url.path)
+        return _answer(request, InternalError(f"internal error: {type(exc).__name__}: {exc}"))

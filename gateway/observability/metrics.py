@@ -38,3 +38,15 @@ SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=
 
 def exposition() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def export_slot_counts(counts: dict[str, int]) -> None:
+    for model, n in counts.items():
+        SLOTS.labels(model).set(n)
+
+
+def record_request(model: str, endpoint: str, status: int, seconds: float | None) -> None:
+    """One HTTP answer of the gateway (labels bounded: known endpoints and models only)."""
+    REQUESTS.labels(model, endpoint, str(status)).inc()
+    if seconds is not None:
+        REQUEST_SECONDS.labels(model, endpoint).observe(seconds)

@@ -9,6 +9,7 @@ later starts or stops only the slots concerned (``rmgate scale``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 from ray import serve
@@ -16,12 +17,15 @@ from ray.serve import Application
 
 from deployments.slot.replica import SlotReplica
 from gateway.core.config import AppConfig
-from gateway.http.app import create_app, set_current_gateway
-from gateway.transport.slot_transport import ServeTransport
+from gateway.core.errors import InvalidSlotCounts
 from gateway.core.service import RewardGateway
-from gateway.serve.topology import INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG, slot_app_name
+from gateway.core.slots import SlotTable
+from gateway.http.app import create_app
+from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
+                                    slot_app_name)
+from gateway.transport.slot_transport import SlotTransport
 
-fastapi_app = create_app()
+logger = logging.getLogger("ray.serve")
 
 
 class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
@@ -55,9 +59,13 @@ class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
 
 @serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=8192,
                   ray_actor_options={"num_cpus": 0})
-@serve.ingress(fastapi_app)
+@serve.ingress()
 class Gateway:
-    """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot."""
+    """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot.
+
+    The FastAPI app is built in the replica, after this constructor
+    (``__serve_build_asgi_app__``), around this replica's gateway: no module globals and
+    nothing of the app pickled with the class."""
 
     def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None,
                  slot_app_prefix: str = "") -> None:
@@ -65,16 +73,26 @@ class Gateway:
         limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
         if handles is None:
             handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
-        self.transport = ServeTransport(handles, cfg.gateway, limits)
-        self.gateway = RewardGateway(cfg, self.transport)
-        set_current_gateway(self.gateway)
+        self.slots = SlotTable.from_config(cfg)
+        self.transport = SlotTransport(handles, cfg.gateway, self.slots, limits)
+        self.gateway = RewardGateway(cfg, self.transport, self.slots)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self.gateway)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve calls this in place (no restart) when ``user_config`` changes: the slot
-        counts of the per-slot layout (``{"slots": {model: n}}``)."""
+        counts of the per-slot layout (``{"slots": {model: n}}``). A count that cannot be
+        applied (0, not an integer, an unknown model) is refused as a whole with a clear
+        message (Serve reports the deployment as failed) and routing keeps the old counts."""
         slots = (user_config or {}).get("slots")
-        if slots:
-            self.gateway.set_slot_counts({str(k): int(v) for k, v in slots.items()})
+        if not slots:
+            return
+        try:
+            self.gateway.set_slot_counts(dict(slots))
+        except InvalidSlotCounts as exc:
+            logger.error("rmgate: user_config refused: %s", exc.message)
+            raise ValueError(f"rmgate: {exc.message}") from None
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -1,34 +1,33 @@
-"""The ingress's HTTP client to the engines (loopback POSTs of the canonical body).
+"""Engine clients: how the ingress posts a canonical body to a slot's engine.
 
-aiohttp, not httpx, on this one hot path: measured on this 2-core machine, 4,000 POSTs at
-concurrency 32 to a local uvicorn server cost the client **2.23 ms CPU per request with
-httpx** (its connection pool scans every connection per request) and **0.12 ms with
-aiohttp** (0.86 s vs 8.9 s wall). The ingress makes one such call per reward, so on a host
-whose cores the engines saturate the client's CPU is throughput taken from them. aiohttp
-is already installed with ``ray[serve]``. Everything else (trainer client, tests,
-benchmarks) keeps httpx.
+One client per transport kind, all raising rmgate's own ``EngineCallError``s
+(``gateway.core.transport``), mapped here, once, from the library below:
 
-Errors are raised as httpx's exception types, the vocabulary the router already speaks for
-both transports: ``ConnectTimeout``/``ConnectError`` (not reachable: wait for the slot),
-``ReadTimeout`` (no answer in time: 504), other ``TransportError`` (connection lost).
+* ``AiohttpEngineClient`` (``transport: direct``): straight to the vLLM server over
+  loopback HTTP. aiohttp, not httpx, on this hot path: measured on this 2-core machine,
+  4,000 POSTs at concurrency 32 to a local uvicorn server cost the client **2.23 ms CPU per
+  request with httpx** (its pool scans every connection per request) and **0.12 ms with
+  aiohttp** (0.86 s vs 8.9 s wall). On a host whose cores the engines saturate, the
+  client's CPU is throughput taken from them.
+* ``HandleEngineClient`` (``transport: handle``): through the slot replica's Serve handle
+  (``SlotReplica.forward``), for engines the ingress cannot reach over the network.
+* ``HttpxEngineClient``: the same contract over an ``httpx.AsyncClient`` (unit tests mount
+  httpx's ``MockTransport`` on it).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Any, Mapping
 
 import aiohttp
 import httpx
 
+from gateway.core.transport import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
+                                    SlotInfo)
+
 CONNECT_TIMEOUT_S = 5.0
 _JSON = {"content-type": "application/json"}
-
-
-class EngineClient(Protocol):
-    async def post(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]: ...
-
-    async def aclose(self) -> None: ...
 
 
 class AiohttpEngineClient:
@@ -45,35 +44,72 @@ class AiohttpEngineClient:
                 auto_decompress=False)
         return self._session
 
-    async def post(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def post(self, target: SlotInfo, path: str, body: bytes,
+                   timeout_s: float) -> tuple[int, bytes]:
+        url = target.url + path
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         try:
             async with self._get_session().post(url, data=body, headers=_JSON,
                                                 timeout=timeout) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ConnectionTimeoutError as exc:
-            raise httpx.ConnectTimeout(f"{url}: {exc}") from exc
+            raise EngineUnreachable(f"{url}: {exc}") from exc
         except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
-            raise httpx.ReadTimeout(f"{url}: no answer within {timeout_s:g}s") from exc
+            raise EngineNoAnswer(f"{url}: no answer within {timeout_s:g}s") from exc
         except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(f"{url}: {exc}") from exc
+            raise EngineUnreachable(f"{url}: {exc}") from exc
         except aiohttp.ClientError as exc:  # disconnected, payload cut, protocol errors
-            raise httpx.RemoteProtocolError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise EngineConnectionLost(f"{url}: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
 
 
+class HandleEngineClient:
+    """Posts through the slot replica (``handles[model][slot].forward``); Ray's errors
+    (actor died, replica restarting) mean the slot is unreachable for now."""
+
+    def __init__(self, handles: Mapping[str, Any]) -> None:
+        self.handles = handles
+
+    async def post(self, target: SlotInfo, path: str, body: bytes,
+                   timeout_s: float) -> tuple[int, bytes]:
+        handle = self.handles[target.model][target.slot]
+        try:
+            status, content = await asyncio.wait_for(
+                handle.forward.remote(path, body, timeout_s), timeout_s)
+        except asyncio.TimeoutError:
+            raise EngineNoAnswer(f"slot {target.model}-{target.slot}: the handle call got no "
+                                 f"answer within {timeout_s:g}s") from None
+        except Exception as exc:  # noqa: BLE001 - Ray's actor/handle errors, whatever type
+            raise EngineConnectionLost(f"slot {target.model}-{target.slot}: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+        return int(status), bytes(content)
+
+    async def aclose(self) -> None:
+        return None
+
+
 class HttpxEngineClient:
-    """The same contract over an ``httpx.AsyncClient`` (tests mount a mock transport on it)."""
+    """The direct contract over an ``httpx.AsyncClient`` (tests mount a mock transport)."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
-    async def post(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        resp = await self._client.post(url, content=body, headers=_JSON,
-                                       timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
+    async def post(self, target: SlotInfo, path: str, body: bytes,
+                   timeout_s: float) -> tuple[int, bytes]:
+        url = target.url + path
+        try:
+            resp = await self._client.post(
+                url, content=body, headers=_JSON,
+                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EngineUnreachable(f"{url}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineNoAnswer(f"{url}: no answer within {timeout_s:g}s") from exc
+        except httpx.TransportError as exc:
+            raise EngineConnectionLost(f"{url}: {type(exc).__name__}: {exc}") from exc
         return resp.status_code, resp.content
 
     async def aclose(self) -> None:

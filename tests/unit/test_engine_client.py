@@ -1,6 +1,6 @@
 """The ingress's aiohttp engine client against a real local HTTP server: bytes pass through
-unchanged, and each failure maps onto the error the router acts on (wait for the slot,
-504, connection lost), as the httpx client did."""
+unchanged, and each failure maps once onto rmgate's own engine errors (unreachable: wait for
+the slot; no answer: 504; connection lost: wait and resend); the handle client maps Ray's."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import asyncio
 import contextlib
 import socket
 
-import httpx
 import pytest
 from aiohttp import web
 
-from gateway.transport.engine_client import AiohttpEngineClient
+from gateway.core.transport import (EngineCallError, EngineConnectionLost, EngineNoAnswer,
+                                    EngineUnreachable, SlotInfo)
+from gateway.transport.engine_client import AiohttpEngineClient, HandleEngineClient
+
+
+def target(url: str) -> SlotInfo:
+    return SlotInfo(model="rm", slot=0, url=url, fingerprint=None, mode="serialize",
+                    max_inflight=1)
 
 
 def _free_port() -> int:
@@ -62,7 +68,7 @@ async def test_bytes_pass_through_and_connections_are_reused():
         client = AiohttpEngineClient()
         body = '{"model":"rm","input":"é 2+3=5"}'.encode()
         for _ in range(3):
-            status, content = await client.post(url + "/echo", body, timeout_s=10)
+            status, content = await client.post(target(url), "/echo", body, timeout_s=10)
             assert status == 200 and content == b'{"echo": ' + body + b"}"
         assert seen == [("application/json", body)] * 3
         await client.aclose()
@@ -71,30 +77,64 @@ async def test_bytes_pass_through_and_connections_are_reused():
 async def test_engine_status_is_returned_not_raised():
     async with engine_server() as (url, _):
         client = AiohttpEngineClient()
-        assert await client.post(url + "/fail", b"{}", timeout_s=10) == (503, b"busy")
+        assert await client.post(target(url), "/fail", b"{}", timeout_s=10) == (503, b"busy")
         await client.aclose()
 
 
 async def test_no_answer_in_time_is_a_read_timeout():
     async with engine_server() as (url, _):
         client = AiohttpEngineClient()
-        with pytest.raises(httpx.ReadTimeout):
-            await client.post(url + "/slow", b"{}", timeout_s=0.3)
+        with pytest.raises(EngineNoAnswer):
+            await client.post(target(url), "/slow", b"{}", timeout_s=0.3)
         await client.aclose()
 
 
 async def test_nothing_listening_is_a_connect_error():
     client = AiohttpEngineClient()
-    with pytest.raises(httpx.ConnectError):
-        await client.post(f"http://127.0.0.1:{_free_port()}/echo", b"{}", timeout_s=5)
+    with pytest.raises(EngineUnreachable):
+        await client.post(target(f"http://127.0.0.1:{_free_port()}"), "/echo", b"{}", timeout_s=5)
     await client.aclose()
 
 
 async def test_a_dropped_connection_is_a_transport_error():
     async with engine_server() as (url, _):
         client = AiohttpEngineClient()
-        with pytest.raises(httpx.TransportError):
-            await client.post(url + "/hang_up", b"{}", timeout_s=5)
+        with pytest.raises(EngineConnectionLost):
+            await client.post(target(url), "/hang_up", b"{}", timeout_s=5)
         # and the client keeps working afterwards
-        assert (await client.post(url + "/echo", b"1", timeout_s=5))[0] == 200
+        assert (await client.post(target(url), "/echo", b"1", timeout_s=5))[0] == 200
         await client.aclose()
+
+
+class _Forward:
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def remote(self, path, body, timeout_s):
+        async def run():
+            if self.outcome == "hang":
+                await asyncio.sleep(5)
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return 200, body
+        return run()
+
+
+class _Handle:
+    def __init__(self, outcome):
+        self.forward = _Forward(outcome)
+
+
+@pytest.mark.parametrize("outcome,error", [
+    ("hang", EngineNoAnswer), (RuntimeError("ActorDiedError: the actor died"), EngineConnectionLost),
+])
+async def test_handle_client_maps_ray_errors_onto_rmgates(outcome, error):
+    client = HandleEngineClient({"rm": [_Handle(outcome)]})
+    with pytest.raises(error) as err:
+        await client.post(target("http://unused"), "/classify", b"{}", timeout_s=0.2)
+    assert isinstance(err.value, EngineCallError)
+
+
+async def test_handle_client_passes_bytes():
+    client = HandleEngineClient({"rm": [_Handle("ok")]})
+    assert await client.post(target("http://unused"), "/classify", b"{1}", 5) == (200, b"{1}")

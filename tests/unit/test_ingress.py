@@ -11,7 +11,7 @@ from gateway.core.config import AppConfig
 from gateway.core.hashing import slot_for_key
 from gateway.http.app import create_app
 from gateway.core.keys import derive_seed, request_key
-from gateway.transport.slot_transport import EngineReply, SlotInfo
+from gateway.core.transport import EngineReply, SlotInfo
 from gateway.core.service import RewardGateway
 
 CONFIG = {
@@ -31,13 +31,16 @@ class FakeTransport:
         self.sent: list[tuple[str, int, str, dict]] = []
         self.reply_status = 200
 
-    async def post(self, model: str, slot: int, path: str, body: bytes,
-                   fallbacks=()) -> EngineReply:
+    async def post(self, model: str, placement, path: str, body: bytes,
+                   timeout_s: float = 300.0) -> EngineReply:
+        slot = placement.home
+        self.timeout = timeout_s
         data = json.loads(body)
         self.sent.append((model, slot, path, data))
         if self.reply_status != 200:
             return EngineReply(self.reply_status, json.dumps(
-                {"error": {"message": "engine says no", "type": "BadRequestError"}}).encode())
+                {"error": {"message": "engine says no", "type": "BadRequestError"}}).encode(),
+                slot=slot)
         if path in ("/classify", "/pooling"):
             score = float(len(data["input"]))
             item = {"index": 0, "probs": [score]} if path == "/classify" else \
@@ -49,11 +52,11 @@ class FakeTransport:
                    "choices": [{"index": 0, "message": {"role": "assistant",
                                                         "content": f"seed={data.get('seed')}"},
                                 "finish_reason": "stop"}]}
-        return EngineReply(200, json.dumps(out).encode(), f"fp-{model}-{slot}")
+        return EngineReply(200, json.dumps(out).encode(), f"fp-{model}-{slot}", slot)
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
-        return SlotInfo(url="http://x", fingerprint=f"fp-{model}-{slot}", mode="serialize",
-                        max_inflight=1)
+        return SlotInfo(model=model, slot=slot, url="http://x", fingerprint=f"fp-{model}-{slot}",
+                        mode="serialize", max_inflight=1)
 
     async def health(self, model: str, slot: int, timeout_s: float) -> str:
         return "healthy"
@@ -67,7 +70,7 @@ def transport() -> FakeTransport:
 @pytest.fixture
 async def client(transport):
     gw = RewardGateway(AppConfig.model_validate(CONFIG), transport)
-    app = create_app(lambda: gw)
+    app = create_app(gw)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://gw") as c:
         yield c

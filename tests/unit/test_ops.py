@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.core.config import AppConfig
 from gateway.http.app import create_app
-from gateway.transport.slot_transport import REQUEST_TIMEOUT_S, EngineReply
+from gateway.core.transport import EngineReply
 from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import CONFIG, FakeTransport
 
@@ -20,7 +20,7 @@ def make_client(transport=None, **gateway_settings) -> httpx.AsyncClient:
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {**CONFIG["gateway"],
                                                           **gateway_settings}})
     gw = RewardGateway(cfg, transport or FakeTransport())
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(lambda: gw)),
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
                              base_url="http://gw")
 
 
@@ -48,15 +48,11 @@ async def test_auth_is_off_without_keys(monkeypatch):
 
 
 class SlowTransport(FakeTransport):
-    """Records the timeout the request carried; answers 504 like the real transport would."""
-
-    async def post(self, model, slot, path, body, fallbacks=()):
-        self.timeout = REQUEST_TIMEOUT_S.get()
-        return await super().post(model, slot, path, body, fallbacks)
+    """Records the timeout the request carried (FakeTransport keeps it)."""
 
 
 @pytest.mark.parametrize("header,status,seen", [
-    (None, 200, None), ("2.5", 200, 2.5), ("99999", 200, 300.0), ("0", 400, None),
+    (None, 200, 300.0), ("2.5", 200, 2.5), ("99999", 200, 300.0), ("0", 400, None),
     ("abc", 400, None), ("nan", 400, None), ("-1", 400, None),
 ])
 async def test_timeout_header(header, status, seen):
@@ -86,14 +82,14 @@ async def test_metrics_exposition_counts_requests():
 class EchoTransport:
     """A well-behaved engine whatever it is sent (the fuzz target is the gateway)."""
 
-    async def post(self, model, slot, path, body, fallbacks=()):
+    async def post(self, model, placement, path, body, timeout_s=300.0):
         json.loads(body)  # the gateway must only ever forward valid JSON
         if path in ("/classify", "/pooling"):
             out = {"object": "list", "data": [{"index": 0, "probs": [0.5], "data": [0.5]}]}
         else:
             out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Score: 1"},
                                 "text": "1"}]}
-        return EngineReply(200, json.dumps(out).encode(), "fp")
+        return EngineReply(200, json.dumps(out).encode(), "fp", placement.home)
 
     async def describe(self, model, slot, timeout_s):
         return None
@@ -142,7 +138,7 @@ def test_no_input_yields_5xx_or_non_json(endpoint, method, kind, value, raw):
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {"max_body_bytes": 8192,
                                                           "default_reward_model": "rm"}})
     gw = RewardGateway(cfg, EchoTransport())
-    app = create_app(lambda: gw)
+    app = create_app(gw)
 
     async def go() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
@@ -157,9 +153,12 @@ def test_no_input_yields_5xx_or_non_json(endpoint, method, kind, value, raw):
         r.json()
 
 
-def test_the_ingress_app_pickles_like_ray_serve_needs():
-    """Ray Serve pickles the FastAPI app (by value): everything it closes over must pickle."""
+def test_the_ingress_deployment_pickles_and_builds_its_app_in_the_replica():
+    """Ray Serve pickles the deployment class (by value for the ingress wrapper): it must
+    pickle, and the app is built after the constructor around that replica's gateway."""
     from ray import cloudpickle
 
     import gateway.app as app_module
-    cloudpickle.loads(cloudpickle.dumps(app_module.fastapi_app))
+    cls = cloudpickle.loads(cloudpickle.dumps(app_module.Gateway.func_or_class))
+    assert hasattr(cls, "__serve_build_asgi_app__")
+    assert app_module.build_app is app_module.__dict__["build_app"]

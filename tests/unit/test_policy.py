@@ -75,7 +75,7 @@ async def _chat(policy: str, body: dict) -> httpx.Response:
     cfg = AppConfig(models=[{"name": "judge", "kind": "generative", "model_path": "/x",
                              "seed": {"policy": policy}}])
     transport = FakeTransport()
-    app = create_app(lambda: RewardGateway(cfg, transport))
+    app = create_app(RewardGateway(cfg, transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         r = await c.post("/v1/chat/completions", json=body)
     r.sent = transport.sent  # type: ignore[attr-defined]
@@ -106,8 +106,8 @@ async def test_seed_base_changes_derived_seed():
 def test_model_required_when_several_of_a_kind():
     cfg = AppConfig(models=[{"name": "a", "kind": "discriminative", "model_path": "/x"},
                             {"name": "b", "kind": "discriminative", "model_path": "/x"}])
-    from gateway.http.errors import GatewayError
-    with pytest.raises(GatewayError) as err:
+    from gateway.core.errors import RmgateError
+    with pytest.raises(RmgateError) as err:
         RewardGateway(cfg, FakeTransport()).resolve_model(None, "discriminative")
     assert err.value.status == 400
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.config import AppConfig
 from gateway.http.app import create_app
-from gateway.transport.slot_transport import EngineReply
+from gateway.core.transport import EngineReply
 from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import FakeTransport
 
@@ -27,23 +27,24 @@ CONFIG = {
 class JudgeTransport(FakeTransport):
     """A judge that answers 'Score: <len(content) % 3>', or rambles for 'ramble'."""
 
-    async def post(self, model, slot, path, body, fallbacks=()):
+    async def post(self, model, placement, path, body, timeout_s=300.0):
+        slot = placement.home
         data = json.loads(body)
         self.sent.append((model, slot, path, data))
         if path == "/classify":
             text = json.dumps(data.get("messages") or data.get("input"))
             out = {"object": "list", "data": [{"index": 0, "probs": [len(text) / 10]}]}
-            return EngineReply(200, json.dumps(out).encode(), "fp")
+            return EngineReply(200, json.dumps(out).encode(), "fp", slot)
         content = data["messages"][0]["content"]
         answer = "I cannot say" if "ramble" in content else f"Score: {len(content) % 3}"
         out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]}
-        return EngineReply(200, json.dumps(out).encode(), "fp")
+        return EngineReply(200, json.dumps(out).encode(), "fp", slot)
 
 
 @pytest.fixture
 async def setup():
     transport = JudgeTransport()
-    app = create_app(lambda: RewardGateway(AppConfig.model_validate(CONFIG), transport))
+    app = create_app(RewardGateway(AppConfig.model_validate(CONFIG), transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         yield c, transport
 
@@ -59,7 +60,7 @@ async def test_grm_rewards_in_item_order_with_details(setup):
     assert out["rewards"][:6] == [float(len(c) % 3) for c in contents]
     assert out["rewards"][6] == -1.0
     assert out["details"][6]["parsed"] is False and "default" in out["details"][6]["error"]
-    assert all(d["seed"] is not None and d["slot"] in ("0", "1") for d in out["details"])
+    assert all(d["seed"] is not None and d["slot"] in (0, 1) for d in out["details"])
     assert [d["index"] for d in out["details"]] == list(range(7))
 
 

@@ -1,18 +1,40 @@
-"""ServeTransport against fake Serve handles and a scripted engine: waits, failover, gates."""
+"""The slot transport against fake Serve handles and a scripted engine: waits, failover,
+gates, retries. The clock is injected: no test here sleeps on the wall clock."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
 
-from gateway.observability import metrics
 from gateway.core.config import GatewaySettings
-from gateway.transport.engine_client import HttpxEngineClient
+from gateway.core.errors import EngineFailed, EngineTimeout, QueueFull, SlotRemoved, SlotUnavailable
 from gateway.core.hashing import slot_for_key, slot_ranking
-from gateway.transport.slot_transport import ServeTransport, SlotUnavailable
+from gateway.core.placement import Placement, place
+from gateway.core.retry import Decision, RetryConfig, RetryState
+from gateway.core.slots import SlotTable
+from gateway.core.errors import InvalidSlotCounts
+from gateway.observability import metrics
+from gateway.transport.engine_client import HttpxEngineClient
+from gateway.transport.gate import SlotGate
+from gateway.transport.slot_transport import SlotTransport
+
+
+class FakeClock:
+    """Monotonic time that only moves when the transport sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
 
 
 class _Call:
@@ -21,70 +43,171 @@ class _Call:
 
     def remote(self):
         async def get():
-            return self.value
+            if isinstance(self.value, Exception):
+                raise self.value
+            return self.value() if callable(self.value) else self.value
         return get()
 
 
 class FakeHandle:
-    def __init__(self, url: str) -> None:
-        self.endpoint = _Call({"url": url, "fingerprint": url, "mode": "serialize",
-                               "max_inflight": 1})
+    def __init__(self, url: str, max_inflight: int = 1, mode: str = "serialize") -> None:
+        self.info = {"url": url, "fingerprint": url, "mode": mode, "max_inflight": max_inflight}
+        self.endpoint = _Call(lambda: dict(self.info))
 
 
 def engine(request: httpx.Request) -> httpx.Response:
     if request.url.host == "dead":
         raise httpx.ConnectError("refused")
+    if request.url.host == "broken":
+        return httpx.Response(500, text="boom")
+    if request.url.host == "slow":
+        raise httpx.ReadTimeout("no answer")
     return httpx.Response(200, json={"host": request.url.host})
 
 
-def transport(**settings) -> ServeTransport:
-    t = ServeTransport({"m": [FakeHandle("http://dead"), FakeHandle("http://alive1"),
-                              FakeHandle("http://alive2")]}, GatewaySettings(**settings))
-    t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(engine)))
-    return t
+def transport(hosts=("dead", "alive1", "alive2"), handler=engine, **settings):
+    clock = FakeClock()
+    handles = {"m": [FakeHandle(f"http://{h}") for h in hosts]}
+    t = SlotTransport(handles, GatewaySettings(**settings), SlotTable({"m": len(hosts)}),
+                      engine_client=HttpxEngineClient(
+                          httpx.AsyncClient(transport=httpx.MockTransport(handler))),
+                      clock=clock, sleep=clock.sleep)
+    return t, clock
 
 
-async def test_wait_mode_never_leaves_the_slot():
-    t = transport(slot_wait_s=0.6)
-    start = time.monotonic()
+def only(slot: int, wait_s: float = 10.0) -> Placement:
+    return Placement(((slot, wait_s),))
+
+
+async def test_wait_mode_never_leaves_the_slot_and_waits_its_whole_budget():
+    t, clock = transport()
     with pytest.raises(SlotUnavailable) as err:
-        await t.post("m", 0, "/classify", b"{}", fallbacks=[1, 2])
+        await t.post("m", only(0, 0.6), "/classify", b"{}", 30)
     assert err.value.status == 503 and err.value.headers["Retry-After"]
-    assert time.monotonic() - start >= 0.5
+    assert clock.slept == [0.5]  # one backoff fits in 0.6 s, the next would not
 
 
 async def test_next_slot_mode_moves_to_the_ranking_and_counts_it():
-    t = transport(slot_wait_s=5, failover="next_slot", failover_after_s=0.3)
+    t, clock = transport()
     before = metrics.FAILOVERS.labels("m", "0", "2")._value.get()
-    reply = await t.post("m", 0, "/classify", b"{}", fallbacks=[2, 1])
+    reply = await t.post("m", Placement(((0, 0.3), (2, 5.0), (1, 5.0))), "/classify", b"{}", 30)
     assert reply.slot == 2 and b"alive2" in reply.body
     assert metrics.FAILOVERS.labels("m", "0", "2")._value.get() == before + 1
 
 
 async def test_healthy_slot_answers_itself():
-    reply = await transport(failover="next_slot").post("m", 1, "/classify", b"{}", fallbacks=[0])
+    t, _ = transport()
+    reply = await t.post("m", Placement(((1, 5.0), (0, 5.0))), "/classify", b"{}", 30)
     assert reply.slot == 1
 
 
+async def test_engine_5xx_is_retried_then_502():
+    t, clock = transport(hosts=("broken",))
+    with pytest.raises(EngineFailed) as err:
+        await t.post("m", only(0), "/x", b"{}", 30)
+    assert err.value.status == 502 and clock.slept == [0.5, 0.5]
+
+
+async def test_no_answer_in_time_is_504_and_not_retried():
+    t, clock = transport(hosts=("slow",))
+    with pytest.raises(EngineTimeout) as err:
+        await t.post("m", only(0), "/x", b"{}", 2.0)
+    assert err.value.status == 504 and clock.slept == []
+
+
+async def test_removed_slot_is_handed_back():
+    t, _ = transport()
+    t.slots.update({"m": 1})
+    with pytest.raises(SlotRemoved):
+        await t.post("m", only(2), "/x", b"{}", 30)
+
+
 async def test_gate_serializes_and_bounds_the_queue():
-    t = transport(max_queue_per_slot=2)
     order: list[str] = []
 
     async def slow_engine(request: httpx.Request) -> httpx.Response:
         order.append("start")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
         order.append("end")
         return httpx.Response(200, json={})
 
-    t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(slow_engine)))
-    results = await asyncio.gather(*(t.post("m", 1, "/x", b"{}") for _ in range(3)),
+    t, _ = transport(handler=slow_engine, max_queue_per_slot=2)
+    results = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", 30) for _ in range(3)),
                                    return_exceptions=True)
     assert all(not isinstance(r, Exception) for r in results)
     assert order == ["start", "end"] * 3  # one in flight at a time (max_inflight=1)
-    over = await asyncio.gather(*(t.post("m", 1, "/x", b"{}") for _ in range(5)),
+    over = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", 30) for _ in range(5)),
                                 return_exceptions=True)
     rejected = [r for r in over if isinstance(r, Exception)]
-    assert rejected and all(getattr(r, "status", None) == 503 for r in rejected)
+    assert rejected and all(isinstance(r, QueueFull) and r.status == 503 for r in rejected)
+
+
+async def test_gate_follows_the_mode_a_restarted_slot_reports():
+    """A slot that comes back batching (or serialized) gets a gate of its new size."""
+    inflight, peak = 0, 0
+
+    async def counting(request: httpx.Request) -> httpx.Response:
+        nonlocal inflight, peak
+        inflight += 1
+        peak = max(peak, inflight)
+        await asyncio.sleep(0.01)
+        inflight -= 1
+        return httpx.Response(200, json={})
+
+    t, _ = transport(hosts=("a",), handler=counting)
+    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", 30) for _ in range(4)))
+    assert peak == 1
+    t.directory.handles["m"][0].info.update(max_inflight=4, mode="batch_invariant")
+    t.directory.forget("m", 0)  # what a failed call does when the replica restarts
+    peak = 0
+    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", 30) for _ in range(8)))
+    assert peak == 4 and t._gates[("m", 0)].capacity == 4
+
+
+async def test_gate_resize_wakes_waiters():
+    gate = SlotGate(1, 10)
+    await gate.acquire()
+    waiters = [asyncio.ensure_future(gate.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert gate.waiting == 3
+    gate.resize(3)
+    await asyncio.sleep(0)
+    assert gate.inflight == 3 and gate.waiting == 1
+    gate.release()
+    await asyncio.gather(*waiters)
+    assert gate.inflight == 3
+
+
+def test_retry_state_outcomes_are_explicit():
+    now = [0.0]
+    state = RetryState(RetryConfig(engine_5xx_retries=1, backoff_s=1.0), 2.5, lambda: now[0])
+    assert state.record_reply(200) is Decision.RETURN
+    assert state.record_reply(404) is Decision.RETURN
+    assert state.record_reply(503) is Decision.RETRY
+    assert state.record_reply(503) is Decision.ENGINE_FAILED
+    assert state.record_unreachable() is Decision.RETRY
+    now[0] = 2.0
+    assert state.record_unreachable() is Decision.GIVE_UP
+
+
+def test_placement_policy():
+    key = 123456789
+    assert place(key, 4, "wait", 120, 5).candidates == ((slot_for_key(key, 4), 120),)
+    nxt = place(key, 4, "next_slot", 120, 5)
+    assert [s for s, _ in nxt.candidates] == slot_ranking(key, 4)
+    assert [w for _, w in nxt.candidates] == [5, 5, 5, 120]
+    assert place(key, 1, "next_slot", 120, 5).candidates == ((0, 120),)
+
+
+@pytest.mark.parametrize("counts", [{"m": 0}, {"m": -1}, {"m": "2"}, {"m": True}, {"x": 2},
+                                    {"m": 1000}])
+def test_slot_counts_are_validated_as_a_whole(counts):
+    table = SlotTable({"m": 2, "n": 1})
+    with pytest.raises(InvalidSlotCounts) as err:
+        table.update({"n": 3, **counts})
+    assert err.value.status == 400 and table.as_dict() == {"m": 2, "n": 1}
+    with pytest.raises(InvalidSlotCounts):
+        table.update({})
 
 
 def test_slot_ranking_is_a_deterministic_permutation_starting_at_the_own_slot():

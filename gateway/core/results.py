@@ -1,0 +1,67 @@
+"""Typed outcomes of a request: what was decided and who answered.
+
+The core returns these; only the HTTP layer turns them into ``x-rmgate-*`` headers
+(``gateway.http.headers``), and ``/v1/rewards``, ``/get_reward`` and the trainer
+integrations read their fields, never header strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.core.keys import key_hex
+
+
+@dataclass(frozen=True)
+class Route:
+    """One engine request: its key, the slot its key maps to, and the slot that answered
+    (another one only after a failover)."""
+
+    key: int
+    slot: int
+    answered_by: int
+    fingerprint: str | None = None
+
+    @property
+    def failed_over(self) -> bool:
+        return self.answered_by != self.slot
+
+
+@dataclass(frozen=True)
+class GatewayResult:
+    """A request's outcome: the engine-shaped JSON body and everything that decided it."""
+
+    model: str
+    body: bytes = b""
+    status: int = 200
+    #: The key of the whole request body (a list input: the list's key).
+    key: int | None = None
+    #: One route per engine request, in item order (one for a chat or a single input).
+    routes: tuple[Route, ...] = ()
+    seed: int | None = None
+    #: Whether the gateway derived ``seed`` (seed policy ``derive``, none sent).
+    seed_derived: bool = False
+    endpoint: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key_hex(self) -> str | None:
+        return None if self.key is None else key_hex(self.key)
+
+    @property
+    def slots(self) -> list[int]:
+        """The slots that answered, per item."""
+        return [r.answered_by for r in self.routes]
+
+    @property
+    def slot(self) -> int | None:
+        """The answering slot of a one-request result."""
+        return self.routes[0].answered_by if len(self.routes) == 1 else None
+
+    @property
+    def failovers(self) -> list[tuple[int, int]]:
+        return [(r.slot, r.answered_by) for r in self.routes if r.failed_over]
+
+    @property
+    def fingerprints(self) -> list[str]:
+        return sorted({r.fingerprint for r in self.routes if r.fingerprint})

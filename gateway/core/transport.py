@@ -1,0 +1,82 @@
+"""The seam between the core and the mechanics that reach an engine.
+
+The core (``gateway.core.service``) decides *where* a request goes (a ``Placement``) and
+asks a ``Transport`` to get it answered; ``gateway.transport`` implements it over Ray
+Serve. Engine clients raise the errors below, rmgate's own, mapped once at the client's
+boundary (as httpx maps httpcore's), so no layer above speaks aiohttp's or Ray's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.core.placement import Placement
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """Where a slot's engine listens and what its answers depend on (from the replica)."""
+
+    model: str
+    slot: int
+    url: str
+    fingerprint: str | None
+    mode: str
+    max_inflight: int
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> "SlotInfo":
+        return cls(model=model, slot=slot, url=raw["url"], fingerprint=raw.get("fingerprint"),
+                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)), raw=raw)
+
+
+@dataclass(frozen=True)
+class EngineReply:
+    status: int
+    body: bytes
+    fingerprint: str | None = None
+    #: The slot that answered: the placement's first, unless failover moved the request.
+    slot: int = 0
+
+
+class EngineCallError(Exception):
+    """An engine call failed below HTTP (no status to read)."""
+
+
+class EngineUnreachable(EngineCallError):
+    """No connection could be made: the engine is down or restarting (wait for the slot)."""
+
+
+class EngineNoAnswer(EngineCallError):
+    """The request was sent but no answer came within the timeout (504)."""
+
+
+class EngineConnectionLost(EngineCallError):
+    """The connection broke before the answer was complete (wait for the slot, resend:
+    every request is idempotent)."""
+
+
+class EngineClient(Protocol):
+    """Posts one canonical body to a slot's engine; raises ``EngineCallError``s only."""
+
+    async def post(self, target: SlotInfo, path: str, body: bytes,
+                   timeout_s: float) -> tuple[int, bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Transport(Protocol):
+    """How the core reaches the slots of a model."""
+
+    async def post(self, model: str, placement: Placement, path: str, body: bytes,
+                   timeout_s: float) -> EngineReply:
+        """Answer ``body`` on the placement's slots, in order; raises ``RmgateError``s
+        (``SlotRemoved`` when scaling took the slot away under the request)."""
+
+    async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None: ...
+
+    async def health(self, model: str, slot: int, timeout_s: float) -> str: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,38 @@
+"""Reading what a request carries besides its JSON: the body under a size limit, and the
+``x-rmgate-timeout`` override."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from gateway.core.errors import BodyTooLarge, InvalidTimeout
+from gateway.http.headers import TIMEOUT_HEADER
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) anything larger than ``limit`` bytes early."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_timeout(request: Request) -> float | None:
+    """The ``x-rmgate-timeout`` override in seconds (the core caps it at the configured
+    ``request_timeout_s``); None when absent."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise InvalidTimeout(f"{TIMEOUT_HEADER} must be a positive number of seconds")
+    return value

@@ -1,0 +1,29 @@
+"""The one place a request's typed outcome becomes ``x-rmgate-*`` headers.
+
+``x-rmgate-model``, ``x-rmgate-key`` (crc32 of the canonical body, hex), ``x-rmgate-slot``
+(the answering slot, one per item for list inputs), ``x-rmgate-seed`` (GRM),
+``x-rmgate-fingerprint`` (what the answering replicas' bits depend on) and
+``x-rmgate-failover: <from>-><to>`` when a slot other than the key's own answered.
+"""
+
+from __future__ import annotations
+
+from gateway.core.results import GatewayResult
+
+TIMEOUT_HEADER = "x-rmgate-timeout"
+
+
+def result_headers(result: GatewayResult) -> dict[str, str]:
+    headers = {"x-rmgate-model": result.model} if result.model else {}
+    if result.key is not None:
+        headers["x-rmgate-key"] = result.key_hex or ""
+    if result.routes:
+        headers["x-rmgate-slot"] = ",".join(map(str, result.slots))
+        if result.failovers:
+            headers["x-rmgate-failover"] = ",".join(f"{a}->{b}" for a, b in result.failovers)
+        if result.fingerprints:
+            headers["x-rmgate-fingerprint"] = ",".join(result.fingerprints)
+    if result.seed is not None:
+        headers["x-rmgate-seed"] = str(result.seed)
+    headers.update(result.extra)
+    return headers

@@ -1,0 +1,1 @@
+"""Endpoints by family: engine-shaped (generative, discriminative), rewards, ops."""

@@ -1,0 +1,50 @@
+"""The thin part every engine-shaped handler shares: read the body, call the core with the
+request's timeout, render the typed result (or the error) and record the metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.core.errors import RmgateError
+from gateway.core.results import GatewayResult
+from gateway.core.service import RewardGateway
+from gateway.http.auth import get_gateway
+from gateway.http.body import read_body, request_timeout
+from gateway.http.errors import error_response
+from gateway.http.headers import result_headers
+from gateway.observability import metrics
+
+CoreCall = Callable[[RewardGateway, bytes, "float | None"], Awaitable[GatewayResult]]
+
+
+def render(result: GatewayResult) -> Response:
+    return Response(result.body, status_code=result.status, headers=result_headers(result),
+                    media_type="application/json")
+
+
+async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
+    """Answer one request; ``endpoint`` is the canonical path (keyed and sent to the
+    engine), whatever route prefix the application is mounted under."""
+    start = time.monotonic()
+    model = ""
+    try:
+        gateway = get_gateway(request)
+        raw = await read_body(request, gateway.config.gateway.max_body_bytes)
+        result = await call(gateway, raw, request_timeout(request))
+        model = result.model
+        if result.seed_derived:
+            metrics.SEEDS_DERIVED.labels(model).inc()
+        response: Response = render(result)
+    except RmgateError as err:
+        model = err.routed.model if err.routed is not None else ""
+        response = error_response(err)
+    metrics.record_request(model, endpoint, response.status_code, time.monotonic() - start)
+    return response
+
+
+def json_response(data: object) -> JSONResponse:
+    return JSONResponse(data)

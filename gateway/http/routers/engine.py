@@ -1,0 +1,59 @@
+"""vLLM-shaped endpoints: ``/v1/chat/completions``, ``/v1/completions`` (GRM) and
+``/classify``, ``/pooling`` (DisRM). The app reads raw bodies itself (size limit, bad JSON
+-> 400, schema -> 422, in ``gateway.core.requests``); the OpenAPI document still shows each
+endpoint's request schema and the error model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from gateway.core.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
+from gateway.core.service import RewardGateway
+from gateway.http.auth import require_api_key
+from gateway.http.errors import ERROR_RESPONSES
+from gateway.http.routers.common import CoreCall, serve
+
+
+def body_doc(schema: type) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` for a handler that reads the raw body itself."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": schema.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+def _generate(path: str) -> CoreCall:
+    return lambda gw, raw, timeout_s: gw.generate(path, raw, timeout_s)
+
+
+def _pool(path: str) -> CoreCall:
+    return lambda gw, raw, timeout_s: gw.pool(path, raw, timeout_s)
+
+
+#: (path, request schema, core call, tag) of every engine-shaped endpoint.
+ENDPOINTS: tuple[tuple[str, type, CoreCall, str], ...] = (
+    ("/v1/chat/completions", ChatCompletionRequest, _generate("/v1/chat/completions"),
+     "generative"),
+    ("/v1/completions", CompletionRequest, _generate("/v1/completions"), "generative"),
+    ("/classify", ClassifyRequest, _pool("/classify"), "discriminative"),
+    ("/pooling", ClassifyRequest, _pool("/pooling"), "discriminative"),
+)
+
+
+def _handler(path: str, call: CoreCall):
+    async def handler(request: Request) -> Response:
+        return await serve(request, path, call)
+    return handler
+
+
+def router() -> APIRouter:
+    r = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+    for path, schema, call, tag in ENDPOINTS:
+        r.add_api_route(path, _handler(path, call), methods=["POST"], tags=[tag],
+                        openapi_extra=body_doc(schema),
+                        name=path.strip("/").replace("/", "_"))
+    return r
+
+
+__all__ = ["router", "ENDPOINTS", "body_doc", "RewardGateway"]

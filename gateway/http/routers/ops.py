@@ -1,0 +1,34 @@
+"""Operations: ``/v1/models`` (slots, fingerprints, health, self-test), ``/health``
+(liveness) and ``/metrics`` (Prometheus text; open, like ``/health``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.core.protocols import ModelList
+from gateway.core.service import RewardGateway
+from gateway.http.auth import get_gateway, require_api_key
+from gateway.observability import metrics
+
+
+def router() -> APIRouter:
+    r = APIRouter(tags=["ops"])
+
+    @r.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_api_key)])
+    async def models(gateway: RewardGateway = Depends(get_gateway)) -> JSONResponse:
+        return JSONResponse((await gateway.models()).model_dump())
+
+    @r.get("/metrics")
+    async def prometheus_metrics(request: Request) -> Response:
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:  # the slot counts as they are now (scale events change them)
+            metrics.export_slot_counts(gateway.slots.as_dict())
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @r.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return r

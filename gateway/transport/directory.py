@@ -1,0 +1,64 @@
+"""Where each slot's engine listens: asked of the slot replica once, cached until it fails.
+
+The ingress asks a slot replica (one Serve handle call, ``SlotReplica.endpoint``) for its
+engine's URL, fingerprint, mode and ``max_inflight``, then talks to the engine directly.
+A failed call forgets the entry, so a restarted replica (new engine, new port, maybe a new
+mode after a self-test fallback) is asked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+from gateway.core.slots import SlotTable
+from gateway.core.transport import EngineUnreachable, SlotInfo
+
+
+class SlotDirectory:
+    """``SlotInfo`` per (model, slot) over ``handles[model][slot]``."""
+
+    def __init__(self, handles: Mapping[str, Any], slots: SlotTable) -> None:
+        self.handles = handles
+        self.slots = slots
+        self._info: dict[tuple[str, int], SlotInfo] = {}
+
+    def cached(self, model: str, slot: int) -> SlotInfo | None:
+        if self.slots.removed(model, slot):
+            self._info.pop((model, slot), None)
+            return None
+        return self._info.get((model, slot))
+
+    def forget(self, model: str, slot: int) -> None:
+        self._info.pop((model, slot), None)
+
+    async def lookup(self, model: str, slot: int, timeout_s: float) -> SlotInfo:
+        """The slot's info (cached, else asked within ``timeout_s``); ``EngineUnreachable``
+        when the replica does not answer (dead, restarting, still starting)."""
+        info = self.cached(model, slot)
+        if info is not None:
+            return info
+        if timeout_s <= 0:
+            raise EngineUnreachable(f"slot {model}-{slot}: no time left to ask its replica")
+        try:
+            raw = await asyncio.wait_for(self.handles[model][slot].endpoint.remote(), timeout_s)
+        except Exception as exc:  # noqa: BLE001 - Ray's actor/handle errors, timeouts
+            raise EngineUnreachable(f"slot {model}-{slot}: its replica did not answer "
+                                    f"({type(exc).__name__}: {exc})") from exc
+        info = self._info[(model, slot)] = SlotInfo.from_endpoint(model, slot, raw)
+        return info
+
+    async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
+        try:
+            return await self.lookup(model, slot, timeout_s)
+        except EngineUnreachable:  # not up yet: the caller reports the slot as starting
+            return None
+
+    async def health(self, model: str, slot: int, timeout_s: float) -> str:
+        """``healthy`` when the slot replica's own health check (its engine's /health)
+        passes within ``timeout_s``, else ``unavailable`` (dead, restarting or starting)."""
+        try:
+            await asyncio.wait_for(self.handles[model][slot].check_health.remote(), timeout_s)
+        except Exception:  # noqa: BLE001 - any failure means not serving now
+            return "unavailable"
+        return "healthy"
