@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.harness import (engine_launcher_pid, free_port, running_gateway,  # noqa: E402
                                 stop_process_group)
+from gateway.core.answers import answer_of  # noqa: E402
 from gateway.core.hashing import slot_for_key  # noqa: E402
 from gateway.core.keys import request_key  # noqa: E402
 
@@ -84,9 +85,8 @@ def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
 
 
 def answer(path: str, payload: dict[str, Any]) -> str:
-    if path == "/classify":
-        return json.dumps([d["probs"] for d in payload["data"]])
-    return json.dumps(payload["choices"][0]["message"]["content"])
+    """The answer as ``rmgate check`` and the self-test compare it (canonical JSON)."""
+    return answer_of(path, payload).canonical
 
 
 async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,

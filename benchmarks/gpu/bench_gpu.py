@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import running_gateway  # noqa: E402
+from gateway.core.answers import answer_of  # noqa: E402
 
 MODES = ("auto", "off", "serial")
 
@@ -102,10 +103,8 @@ def rm_body(model: str, i: int) -> dict[str, Any]:
 
 
 def result_of(path: str, payload: dict[str, Any]) -> str:
-    if path == "/classify":
-        return json.dumps([d["probs"] for d in payload["data"]])
-    c = payload["choices"][0]
-    return json.dumps([c["message"]["content"], c.get("logprobs")])
+    """The answer as ``rmgate check`` and the self-test compare it (canonical JSON)."""
+    return answer_of(path, payload).canonical
 
 
 async def send_all(url: str, calls: list[tuple[str, dict]], concurrency: int,

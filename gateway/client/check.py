@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from gateway.core.answers import Answer, answer_of
+
 WORDS = ("the cat sat on a mat and 2+3=5 is right while 4+4=9 is wrong answer judge "
          "score reward yes no 7 12 ü ✓").split()
 
@@ -75,19 +77,9 @@ def load_calls(path: Path) -> list[Call]:
     return calls
 
 
-def essence(path: str, data: Any) -> Any:
-    """What must be bitwise equal: texts, logprobs, scores, rewards (not ids or times)."""
-    if not isinstance(data, dict):
-        return data
-    if path in ("/classify", "/pooling"):
-        return [(d.get("index"), d.get("probs", d.get("data"))) for d in data.get("data", [])]
-    if path in ("/v1/rewards", "/get_reward"):
-        return data.get("rewards")
-    out = []
-    for ch in data.get("choices", []):
-        text = ch["message"]["content"] if "message" in ch else ch.get("text")
-        out.append((ch.get("index"), text, ch.get("logprobs"), ch.get("finish_reason")))
-    return out
+#: What must be bitwise equal: the one shared definition (``gateway.core.answers``), under
+#: the name this module has always used. ``essence(path, body)`` is an ``Answer``.
+essence = answer_of
 
 
 @dataclass
@@ -129,6 +121,8 @@ def shuffled(n: int, seed: int) -> list[int]:
 
 
 def _numbers(x: Any) -> list[float]:
+    if isinstance(x, Answer):
+        return _numbers(x.value)
     if isinstance(x, bool) or x is None:
         return []
     if isinstance(x, (int, float)):

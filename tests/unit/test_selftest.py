@@ -46,6 +46,32 @@ def test_invariant_engine_passes_and_variant_engine_fails(kind):
     assert "differ alone vs batched" in bad.reason and bad.summary().startswith("failed")
 
 
+def test_a_batch_that_changes_only_token_ids_or_finish_reason_fails():
+    """The self-test compares the whole answer (gateway.core.answers), not only the text and
+    logprobs: a batch that ends a generation differently, or samples other token ids
+    behind the same text, is not batch invariant."""
+    for field, alone, batched in (("finish_reason", "length", "stop"),
+                                  ("token_ids", [1, 2], [1, 3])):
+        state = {"inflight": 0}
+        lock = threading.Lock()
+
+        def engine(request: httpx.Request) -> httpx.Response:
+            with lock:
+                state["inflight"] += 1
+            time.sleep(0.02)
+            with lock:
+                overlapped = state["inflight"] > 1
+                state["inflight"] -= 1
+            choice = {"index": 0, "message": {"content": "Score: 1"},
+                      "logprobs": {"content": [{"token": "S", "logprob": -0.5}]},
+                      field: batched if overlapped else alone}
+            return httpx.Response(200, json={"id": str(time.monotonic()), "choices": [choice]})
+
+        bad = run_selftest("http://engine", "generative", "m",
+                           transport=httpx.MockTransport(engine))
+        assert not bad.passed and "differ alone vs batched" in bad.reason, field
+
+
 def test_engine_errors_fail_the_test_with_a_reason():
     dead = httpx.MockTransport(lambda r: httpx.Response(500, json={"error": "boom"}))
     result = run_selftest("http://engine", "discriminative", "m", transport=dead)

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from gateway.client.check import (Result, compare, essence, format_table, generated_calls, load_calls,
-                            max_abs_diff)
+from gateway.client.check import (Result, compare, essence, format_table, generated_calls,
+                                  load_calls, max_abs_diff)
 
 
 def r(ess, status=200, slot="0"):
@@ -36,7 +36,26 @@ def test_essence_ignores_ids_and_times():
     a = {"id": "1", "created": 1, "data": [{"index": 0, "probs": [0.3]}]}
     b = {"id": "2", "created": 2, "data": [{"index": 0, "probs": [0.3]}]}
     assert essence("/classify", a) == essence("/classify", b)
-    assert essence("/v1/rewards", {"rewards": [1.0], "details": [{"x": 1}]}) == [1.0]
+    # the shared definition (gateway.core.answers): rewards and what they were computed from
+    same = {"rewards": [1.0], "details": [{"index": 0, "slot": "0", "judge_text": "1"}]}
+    moved = {"rewards": [1.0], "details": [{"index": 0, "slot": "1", "judge_text": "1"}]}
+    other = {"rewards": [1.0], "details": [{"index": 0, "slot": "0", "judge_text": "1."}]}
+    assert essence("/v1/rewards", same) == essence("/v1/rewards", moved)
+    assert essence("/v1/rewards", same) != essence("/v1/rewards", other)
+
+
+def test_essence_is_bitwise_and_feeds_max_abs_diff():
+    def probs(v):
+        return {"data": [{"index": 0, "probs": [0.5, v]}]}
+    assert essence("/classify", probs(0.0)) != essence("/classify", probs(-0.0))  # == as floats
+    v = compare("x", {0: r(essence("/classify", probs(0.25)))},
+                {0: r(essence("/classify", probs(math.nextafter(0.25, 1))))})
+    assert v.differing == 1 and 0 < v.max_abs_diff < 1e-15
+    chat = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "length",
+                         "token_ids": [1, 2]}]}
+    other = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "length",
+                          "token_ids": [1, 3]}]}
+    assert essence("/v1/chat/completions", chat) != essence("/v1/chat/completions", other)
 
 
 def test_load_calls_and_generation(tmp_path):
