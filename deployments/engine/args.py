@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.config import ModelSpec
+from gateway.core.config import OWNED_ENGINE_ARGS, ModelSpec
 
 DEFAULT_MAX_MODEL_LEN = 1024
 
@@ -50,7 +50,8 @@ class EnginePlan:
 
 
 class PolicyError(ValueError):
-    """The configured determinism mode cannot be honoured on this platform."""
+    """The configured determinism mode (or an engine option rmgate owns) cannot be
+    honoured on this platform."""
 
 
 def detect_platform() -> Platform:
@@ -129,11 +130,32 @@ def slot_cpu_binding(slot: int, cores_per_slot: int, host_cores: list[int]) -> s
     return ",".join(str(host_cores[(slot * k + i) % n]) for i in range(k))
 
 
+def _user_engine_args(spec: ModelSpec) -> dict[str, Any]:
+    """``spec.engine_args`` by vLLM dest name, refusing the options rmgate sets itself.
+
+    ``ModelSpec`` already refuses them at load time; this is defence in depth for specs
+    built without validation (``model_construct``) or edited after it, so that an
+    ``engine_args`` key can never silently replace ``--port`` or ``--model``."""
+    user: dict[str, Any] = {}
+    for key, value in spec.engine_args.items():
+        name = key.lstrip("-").replace("-", "_")
+        if name in OWNED_ENGINE_ARGS:
+            raise PolicyError(f"model {spec.name!r}: engine_args.{key}: "
+                              f"{OWNED_ENGINE_ARGS[name]}; remove it")
+        if name in user:
+            raise PolicyError(f"model {spec.name!r}: engine_args names `{name}` twice")
+        user[name] = value
+    return user
+
+
 def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1",
                 slot: int = 0) -> EnginePlan:
-    """Everything needed to start one slot's vLLM OpenAI server for ``spec``."""
+    """Everything needed to start one slot's vLLM OpenAI server for ``spec``.
+
+    rmgate's own options (``OWNED_ENGINE_ARGS``: model, served_model_name, host, port,
+    runner, seed, generation_config, ...) are never taken from ``engine_args``."""
     mode = resolve_mode(spec, platform)
-    user = dict(spec.engine_args)
+    user = _user_engine_args(spec)
     max_len = int(user.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
     options: dict[str, Any] = {
         "model": spec.model_path,

@@ -31,6 +31,33 @@ class SeedPolicy(BaseModel):
     base: int = 0
 
 
+#: vLLM server options rmgate sets itself (``deployments.engine.args.plan_engine``), with
+#: the reason shown when a config's ``engine_args`` names one. Letting ``engine_args``
+#: override them would break routing (``served_model_name``), the slot layout (``host``,
+#: ``port``), the model kind (``runner``) or determinism (``seed``, ``generation_config``),
+#: or make the engine unreachable over HTTP (``uds``, ``headless``, ``grpc``); a vLLM
+#: ``--config`` file could set any of these out of sight of this check.
+OWNED_ENGINE_ARGS: dict[str, str] = {
+    "model": "rmgate sets `model` itself (from the model's `model_path`)",
+    "served_model_name": "rmgate sets `served_model_name` itself (the model's `name`, which "
+                         "requests and /v1/models use)",
+    "host": "rmgate sets `host` itself (engines listen on loopback, next to their slot "
+            "replica)",
+    "port": "rmgate sets `port` itself (one engine per slot on a free loopback port)",
+    "runner": "rmgate sets `runner` itself from the model's `kind` (discriminative -> "
+              "pooling; generative -> vLLM's default)",
+    "seed": "rmgate pins the engine `seed` to 0 itself; request seeds come from the model's "
+            "`seed` policy (`seed.base`)",
+    "generation_config": "rmgate sets `generation_config` to `vllm` itself, so sampling "
+                         "defaults come only from the model's `sampling_defaults`",
+    "config": "rmgate passes every engine option on the command line; a vLLM `--config` "
+              "file would set options this check cannot see (write them in engine_args)",
+    "uds": "rmgate reaches each engine over HTTP on its loopback port, not a Unix socket",
+    "headless": "rmgate needs each engine's HTTP API server (`headless` runs none)",
+    "grpc": "rmgate needs each engine's HTTP API server (`grpc` serves gRPC instead)",
+}
+
+
 class ModelSpec(BaseModel):
     """One served reward model and how its slots are run."""
 
@@ -45,7 +72,8 @@ class ModelSpec(BaseModel):
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)
     #: GRM only: how /v1/rewards and /get_reward ask the judge and read its score.
     scorer: ScorerSpec = Field(default_factory=ScorerSpec)
-    #: Extra vLLM engine arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
+    #: Extra vLLM server arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
+    #: Names may use ``-`` or ``_``; the ones rmgate sets (OWNED_ENGINE_ARGS) are refused.
     engine_args: dict[str, Any] = Field(default_factory=dict)
     #: Extra environment for the engine process, e.g. VLLM_CPU_KVCACHE_SPACE.
     engine_env: dict[str, str] = Field(default_factory=dict)
@@ -72,6 +100,30 @@ class ModelSpec(BaseModel):
     def _resolve_path(cls, v: str) -> str:
         """Relative paths are relative to the directory the application is built from."""
         return str(Path(os.path.expanduser(v)).resolve())
+
+    @field_validator("engine_args")
+    @classmethod
+    def _check_engine_arg_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Normalize names to vLLM's dest spelling (``max-model-len`` -> ``max_model_len``)
+        and refuse the ones rmgate owns (``OWNED_ENGINE_ARGS``), at load time: overriding
+        them would otherwise only show later, as a misrouted or dead engine. A name given
+        in both spellings is refused rather than one silently winning. Whether a name
+        exists in vLLM at all is checked where vLLM is at hand
+        (``deployments.engine.arg_names.check_engine_args``)."""
+        out: dict[str, Any] = {}
+        given: dict[str, str] = {}
+        for key, value in v.items():
+            name = key.lstrip("-").replace("-", "_")
+            if not name:
+                raise ValueError(f"engine_args has an empty name ({key!r})")
+            if name in given:
+                raise ValueError(f"engine_args names `{name}` twice (as `{given[name]}` and "
+                                 f"`{key}`); keep one")
+            if name in OWNED_ENGINE_ARGS:
+                raise ValueError(f"engine_args.{key}: {OWNED_ENGINE_ARGS[name]}; remove it")
+            given[name] = key
+            out[name] = value
+        return out
 
 
 class GatewaySettings(BaseModel):

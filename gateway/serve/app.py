@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ray import serve
 from ray.serve import Application
 
+from deployments.engine.arg_names import check_engine_args
 from deployments.slot.replica import SlotReplica
 from gateway.core.config import AppConfig
 from gateway.core.errors import InvalidSlotCounts
@@ -96,8 +97,12 @@ class Gateway:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Serve application builder: ``args`` is an ``AppConfig`` (the config file's args)."""
+    """Serve application builder: ``args`` is an ``AppConfig`` (the config file's args).
+    Engine argument names are checked against vLLM's own list here, before any slot starts
+    (``serve run CONFIG`` comes through here; ``rmgate serve`` checks in ``render``)."""
     cfg = AppConfig.model_validate(args)
+    for spec in cfg.models:
+        check_engine_args(spec)
     handles = {
         m.name: [
             SlotReplica.options(name=slot_app_name(m.name, i),

@@ -74,7 +74,11 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
 
     Model paths are resolved here, in the process that reads the file, because Ray's
     worker processes may run in another directory. Already-expanded configs pass through.
+    Every model's ``engine_args`` names are checked against the installed vLLM here too
+    (``check_engine_args``), so a typo fails now rather than as a dead engine later.
     """
+    from deployments.engine.arg_names import check_engine_args
+
     out = copy.deepcopy({k: v for k, v in serve_config.items() if k != "applications"})
     apps: list[dict[str, Any]] = []
     compact = [a for a in serve_config["applications"] if a.get("import_path") in COMPACT_IMPORTS]
@@ -83,6 +87,8 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
             apps.append(copy.deepcopy(application))
             continue
         cfg = AppConfig.model_validate(application.get("args") or {})
+        for model in cfg.models:
+            check_engine_args(model)
         # One gateway: the fixed names `rmgate` and `<model>-<slot>` (what `rmgate scale`
         # works on). Several (e.g. benchmarks/configs/hops.yaml): each keeps its own name
         # and prefixes its slots with it, so their applications cannot collide.
