@@ -1,6 +1,6 @@
 """Turn a model's determinism policy into vLLM server arguments and environment.
 
-The policy (DESIGN.md §5) resolves per platform:
+The policy (docs/design.md, "Determinism policy") resolves per platform:
 
 * ``auto`` on CUDA with compute capability >= 8.0 -> ``batch_invariant``; elsewhere
   (vLLM CPU included) -> ``serialize``.
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.config import OWNED_ENGINE_ARGS, ModelSpec
+from gateway.core.config import ModelSpec, normalize_engine_args
 
 DEFAULT_MAX_MODEL_LEN = 1024
 
@@ -136,16 +136,10 @@ def _user_engine_args(spec: ModelSpec) -> dict[str, Any]:
     ``ModelSpec`` already refuses them at load time; this is defence in depth for specs
     built without validation (``model_construct``) or edited after it, so that an
     ``engine_args`` key can never silently replace ``--port`` or ``--model``."""
-    user: dict[str, Any] = {}
-    for key, value in spec.engine_args.items():
-        name = key.lstrip("-").replace("-", "_")
-        if name in OWNED_ENGINE_ARGS:
-            raise PolicyError(f"model {spec.name!r}: engine_args.{key}: "
-                              f"{OWNED_ENGINE_ARGS[name]}; remove it")
-        if name in user:
-            raise PolicyError(f"model {spec.name!r}: engine_args names `{name}` twice")
-        user[name] = value
-    return user
+    try:
+        return normalize_engine_args(spec.engine_args)
+    except ValueError as exc:
+        raise PolicyError(f"model {spec.name!r}: {exc}") from None
 
 
 def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1",

@@ -18,6 +18,25 @@ Kind = Literal["generative", "discriminative"]
 DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]
 
 
+def normalize_engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` by vLLM dest name (``max-model-len``, ``--dtype`` -> ``max_model_len``,
+    ``dtype``); a ``ValueError`` for an empty name, a name given twice, or one rmgate owns."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in args.items():
+        name = key.lstrip("-").replace("-", "_")
+        if not name:
+            raise ValueError(f"engine_args has an empty name ({key!r})")
+        if name in given:
+            raise ValueError(f"engine_args names `{name}` twice (as `{given[name]}` and "
+                             f"`{key}`); keep one")
+        if name in OWNED_ENGINE_ARGS:
+            raise ValueError(f"engine_args.{key}: {OWNED_ENGINE_ARGS[name]}; remove it")
+        given[name] = key
+        out[name] = value
+    return out
+
+
 class SeedPolicy(BaseModel):
     """How a GRM request's sampling seed is chosen.
 
@@ -110,20 +129,7 @@ class ModelSpec(BaseModel):
         in both spellings is refused rather than one silently winning. Whether a name
         exists in vLLM at all is checked where vLLM is at hand
         (``deployments.engine.arg_names.check_engine_args``)."""
-        out: dict[str, Any] = {}
-        given: dict[str, str] = {}
-        for key, value in v.items():
-            name = key.lstrip("-").replace("-", "_")
-            if not name:
-                raise ValueError(f"engine_args has an empty name ({key!r})")
-            if name in given:
-                raise ValueError(f"engine_args names `{name}` twice (as `{given[name]}` and "
-                                 f"`{key}`); keep one")
-            if name in OWNED_ENGINE_ARGS:
-                raise ValueError(f"engine_args.{key}: {OWNED_ENGINE_ARGS[name]}; remove it")
-            given[name] = key
-            out[name] = value
-        return out
+        return normalize_engine_args(v)
 
 
 class GatewaySettings(BaseModel):

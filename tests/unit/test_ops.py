@@ -162,3 +162,27 @@ def test_the_ingress_deployment_pickles_and_builds_its_app_in_the_replica():
     cls = cloudpickle.loads(cloudpickle.dumps(app_module.Gateway.func_or_class))
     assert hasattr(cls, "__serve_build_asgi_app__")
     assert app_module.build_app is app_module.__dict__["build_app"]
+
+
+async def test_error_codes_are_strings_and_the_error_model_is_in_openapi():
+    async with make_client() as c:
+        missing = await c.post("/nope", json={})
+        wrong = await c.get("/classify")
+        schema = (await c.get("/openapi.json")).json()
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "ErrorResponse" in schema["components"]["schemas"]
+    for path in ("/v1/chat/completions", "/classify", "/v1/rewards", "/get_reward"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert responses["503"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorResponse"), path
+
+
+def test_every_error_class_has_a_status_and_a_string_code():
+    from gateway.core import errors
+
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.RmgateError)]
+    assert len(classes) > 15
+    for cls in classes:
+        assert isinstance(cls.code, str) and cls.code and 400 <= cls.status < 600, cls
