@@ -6,17 +6,24 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rmgate: a deterministic reward-model gateway on Ray Serve.")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout, when run from one
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo-cpu.yaml"
-DEMO_MODELS_DIR = REPO_ROOT / "models" / "demo"
+#: The demo config's model paths (``models/demo/grm``, ...) are relative to a root folder:
+#: ``demo_root()``; the models are built into ``<root>/models/demo``.
+DEMO_MODELS_SUBDIR = Path("models") / "demo"
+DEMO_MODELS_DIR = REPO_ROOT / DEMO_MODELS_SUBDIR
+#: The installed package's copy of configs/demo-cpu.yaml (package data: in the source tree
+#: gateway/serve/data/demo-cpu.yaml is a symlink to it, and the wheel build copies the content).
+DEMO_CONFIG_RESOURCE = ("gateway.serve", "data/demo-cpu.yaml")
 
 
 PROXY_OPTION = typer.Option(
@@ -99,11 +106,17 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # Checked and expanded before Ray starts: a bad config (an unknown engine argument,
+    # a slot count of 0) fails here, in seconds, not as a dead engine minutes later.
+    try:
+        rendered = render(cfg)
+    except ValueError as exc:
+        shutil.rmtree(proxy_dir, ignore_errors=True)
+        raise typer.BadParameter(f"{config}: {exc}") from None
     context = ray.init(address="local", include_dashboard=dashboard,
                        dashboard_host="127.0.0.1", log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
-        rendered = render(cfg)
         rendered["http_options"] = {"host": host, "port": port}
         deploy_local(rendered, timeout_s=_startup_timeout(rendered))
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
@@ -227,17 +240,62 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
     raise typer.Exit(0 if all(v.ok for v in verdicts) else 1)
 
 
+def in_checkout() -> bool:
+    """True when this module runs from a source checkout (editable install or the tree)."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and DEMO_CONFIG.is_file()
+
+
+def demo_root() -> Path:
+    """The folder that holds ``models/demo`` and that the demo config's relative model paths
+    resolve against: ``$RMGATE_HOME`` if set; else the checkout this module runs from;
+    else the user's cache, ``$XDG_CACHE_HOME/rmgate`` (default ``~/.cache/rmgate``): the
+    models are rebuilt byte-identically whenever they are missing."""
+    explicit = os.environ.get("RMGATE_HOME")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    if in_checkout():
+        return REPO_ROOT
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"  # XDG: absolute only
+    return (base / "rmgate").resolve()
+
+
+@contextmanager
+def demo_config() -> Iterator[Path]:
+    """configs/demo-cpu.yaml: the checkout's, else the installed package's copy."""
+    if in_checkout():
+        yield DEMO_CONFIG
+        return
+    from importlib.resources import as_file, files
+
+    package, name = DEMO_CONFIG_RESOURCE
+    resource = files(package).joinpath(name)
+    if not resource.is_file():  # built from a tree without configs/ (the symlink dangled)
+        typer.echo(f"rmgate demo: this install has no demo config ({package}/{name}); it was "
+                   "built without configs/demo-cpu.yaml. Use `rmgate serve CONFIG`.", err=True)
+        raise typer.Exit(2)
+    with as_file(resource) as path:
+        yield path
+
+
 @app.command()
 def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
          proxy: Optional[str] = PROXY_OPTION) -> None:
-    """Build the demo models if missing and serve configs/demo-cpu.yaml."""
+    """Build the demo models if missing and serve configs/demo-cpu.yaml.
+
+    The models go to ``models/demo`` under $RMGATE_HOME, else the checkout, else
+    $XDG_CACHE_HOME/rmgate (~/.cache/rmgate)."""
     from deployments.demo.models import build_demo_models, demo_models_present
 
-    os.chdir(REPO_ROOT)  # the demo config's model paths are relative to the checkout
-    if not demo_models_present(DEMO_MODELS_DIR):
-        typer.echo(f"building demo models in {DEMO_MODELS_DIR} ...")
-        build_demo_models(DEMO_MODELS_DIR)
-    run_serve_config(DEMO_CONFIG, host, port, proxy=proxy)
+    root = demo_root()
+    models = root / DEMO_MODELS_SUBDIR
+    if not demo_models_present(models):
+        typer.echo(f"building demo models in {models} ...")
+        build_demo_models(models)
+    os.chdir(root)  # the demo config's model paths (models/demo/...) are relative to it
+    with demo_config() as config:
+        typer.echo(f"serving {config} (models in {models})")
+        run_serve_config(config, host, port, proxy=proxy)
 
 
 def main() -> None:

@@ -186,6 +186,27 @@ def test_rmgate_render_cli_refuses_a_typo(tmp_path: Path):
     assert result.exit_code != 0 and isinstance(result.exception, UnknownEngineArgument)
 
 
+def test_rmgate_serve_refuses_a_typo_before_ray_starts(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """``rmgate serve`` renders (and so checks) before ``ray.init``: nothing starts."""
+    import ray
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    def no_ray(*a, **k):
+        raise AssertionError("ray.init must not be reached with a bad config")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    for name in ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_ENABLE_DIRECT_INGRESS"):
+        monkeypatch.setenv(name, "0")  # the CLI sets them; restored after the test
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(compact({"max_model_length": 512})))
+    result = CliRunner().invoke(app, ["serve", str(bad), "--proxy", "serve"])
+    assert result.exit_code == 2, result.output
+    assert "max_model_len" in result.output
+
+
 # --- without vLLM: skipped with a warning (these come last: they reset the cache) --------
 
 def test_check_skipped_with_a_warning_where_vllm_is_not_importable(
