@@ -13,16 +13,25 @@ configured template and parses the score. Same inputs, same bits, every run.
 
 The prompt is taken from ``extra_info`` (``messages``, ``raw_prompt``, ``prompt`` or
 ``question``) or from a ``prompt`` keyword. Imports no Ray and no vLLM.
+
+verl calls ``compute_score`` once per sample, from several executor threads at once. One
+``RewardClient`` per (address, model) is cached in ``_CLIENTS``, and its sync API runs on one
+private loop thread with one keep-alive pool, so all those calls share at most 64 TCP
+connections to the gateway instead of opening one per sample.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from gateway.client import RewardClient
 
 _CLIENTS: dict[tuple[str, str | None], RewardClient] = {}
+# Two executor threads scoring their first sample at once must not both build a client
+# (the loser's pool and loop thread would be left behind): creation happens under this lock.
+_CLIENTS_LOCK = threading.Lock()
 PROMPT_KEYS = ("messages", "raw_prompt", "prompt", "question")
 
 
@@ -32,9 +41,14 @@ def _client(address: str | None, model: str | None) -> RewardClient:
         raise ValueError("rmgate: pass reward_kwargs.reward_router_address=host:port "
                          "(or set RMGATE_URL)")
     key = (address, model)
-    if key not in _CLIENTS:
-        _CLIENTS[key] = RewardClient(address, model=model, concurrency=64, progress=False)
-    return _CLIENTS[key]
+    client = _CLIENTS.get(key)  # the common case, lock-free (a dict read is atomic)
+    if client is None:
+        with _CLIENTS_LOCK:
+            client = _CLIENTS.get(key)
+            if client is None:
+                client = _CLIENTS[key] = RewardClient(address, model=model, concurrency=64,
+                                                      progress=False)
+    return client
 
 
 def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
@@ -54,8 +68,10 @@ def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] 
 
 
 def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
-    # verl reads "score" and logs the other keys; keep them numeric and the same every call.
-    return {"score": float(reward), "rmgate_slot": int(str(detail.get("slot", "0")).split(",")[0]),
+    """verl's result dict: verl reads "score" and logs the other keys, so they are numeric
+    and the same every call. The gateway's detail carries ``slot`` as an int (``int()`` also
+    takes a digit string); a detail without one counts as slot 0."""
+    return {"score": float(reward), "rmgate_slot": int(detail.get("slot", 0)),
             "rmgate_parsed": float(detail.get("parsed", True))}
 
 

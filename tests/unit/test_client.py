@@ -1,4 +1,7 @@
-"""RewardClient against a scripted transport: order, retries, Retry-After, errors, timeout."""
+"""RewardClient against a scripted transport: order, retries, Retry-After, errors, timeout.
+
+Connection reuse, close() and the context managers: tests/unit/test_client_connections.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from gateway.client import RetryPolicy, RewardClient, RewardRequestError
+from gateway.client import RetryPolicy, RewardClient, RewardRequestError, run_sync
+from gateway.client.verl import _result
 
 FAST = RetryPolicy(max_attempts=5, backoff_s=0.01, max_backoff_s=0.05)
 
@@ -34,7 +38,7 @@ def scripted(fail_first: dict[str, list[int]] | None = None, delay_by_index: boo
             await asyncio.sleep(0.02 * (10 - int(float(first)) % 10))
         return httpx.Response(200, json={
             "rewards": [float(it["response"]) for it in body["items"]],
-            "details": [{"slot": "0"} for _ in body["items"]]})
+            "details": [{"slot": 0} for _ in body["items"]]})
 
     return httpx.MockTransport(handler), calls
 
@@ -45,14 +49,15 @@ def items(n: int) -> list[dict]:
 
 def test_results_in_submission_order_despite_completion_order():
     transport, _ = scripted(delay_by_index=True)
-    client = RewardClient("127.0.0.1:1", transport=transport, batch_size=1, concurrency=10)
-    assert client.score(items(20)) == [float(i) for i in range(20)]
+    with RewardClient("127.0.0.1:1", transport=transport, batch_size=1, concurrency=10) as c:
+        assert c.score(items(20)) == [float(i) for i in range(20)]
+        assert c.score(items(20)) == [float(i) for i in range(20)]  # again, same pool
 
 
 def test_retries_5xx_429_503_then_succeeds_without_duplicates():
     transport, calls = scripted({"0": [503, 429, 500], "3": [502]})
-    client = RewardClient("http://x", transport=transport, batch_size=1, retry=FAST)
-    assert client.score(items(5)) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    with RewardClient("http://x", transport=transport, batch_size=1, retry=FAST) as client:
+        assert client.score(items(5)) == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert len(calls) == 5 + 4
 
 
@@ -65,17 +70,17 @@ def test_retry_after_is_honoured():
 
 def test_4xx_raises_at_once():
     transport, calls = scripted({"0": [422]})
-    client = RewardClient("http://x", transport=transport, batch_size=1, retry=FAST)
-    with pytest.raises(RewardRequestError) as err:
-        client.score(items(1))
+    with RewardClient("http://x", transport=transport, batch_size=1, retry=FAST) as client:
+        with pytest.raises(RewardRequestError) as err:
+            client.score(items(1))
     assert err.value.status == 422 and len(calls) == 1
 
 
 def test_gives_up_after_the_retry_budget():
     transport, calls = scripted({"0": [503] * 10})
-    client = RewardClient("http://x", transport=transport, retry=FAST)
-    with pytest.raises(RewardRequestError, match="after 5 attempts"):
-        client.score(items(1))
+    with RewardClient("http://x", transport=transport, retry=FAST) as client:
+        with pytest.raises(RewardRequestError, match="after 5 attempts"):
+            client.score(items(1))
     assert len(calls) == 5
 
 
@@ -88,8 +93,8 @@ def test_connection_errors_are_retried():
             raise httpx.ConnectError("refused")
         return httpx.Response(200, json={"rewards": [1.0], "details": [{}]})
 
-    client = RewardClient("http://x", transport=httpx.MockTransport(handler), retry=FAST)
-    assert client.score(items(1)) == [1.0] and attempts["n"] == 3
+    with RewardClient("http://x", transport=httpx.MockTransport(handler), retry=FAST) as c:
+        assert c.score(items(1)) == [1.0] and attempts["n"] == 3
 
 
 def test_total_timeout():
@@ -97,22 +102,68 @@ def test_total_timeout():
         await asyncio.sleep(5)
         return httpx.Response(200, json={"rewards": [0.0], "details": [{}]})
 
-    client = RewardClient("http://x", transport=httpx.MockTransport(slow), total_timeout_s=0.2)
-    t = time.monotonic()
-    with pytest.raises(RewardRequestError, match="within"):
-        client.score(items(1))
-    assert time.monotonic() - t < 3
+    with RewardClient("http://x", transport=httpx.MockTransport(slow),
+                      total_timeout_s=0.2) as client:
+        t = time.monotonic()
+        with pytest.raises(RewardRequestError, match="within"):
+            client.score(items(1))
+        assert time.monotonic() - t < 3
+        t = time.monotonic()
+        with pytest.raises(RewardRequestError, match="within"):
+            asyncio.run(client.ascore(items(1)))  # the async path, too
+        assert time.monotonic() - t < 3
 
 
 async def test_sync_api_works_inside_a_running_loop():
     transport, _ = scripted()
-    client = RewardClient("http://x", transport=transport)
-    assert client.score(items(3)) == [0.0, 1.0, 2.0]  # called from async code
-    assert await client.ascore(items(2)) == [0.0, 1.0]
+    async with RewardClient("http://x", transport=transport) as client:
+        assert client.score(items(3)) == [0.0, 1.0, 2.0]  # called from async code
+        assert await client.ascore(items(2)) == [0.0, 1.0]
 
 
-def test_client_imports_neither_ray_nor_vllm():
+def test_api_key_header_and_chat_and_classify_share_the_client():
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/classify":
+            return httpx.Response(200, json={"data": [{"probs": [0.0, 2.5]}]})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    with RewardClient("http://x", model="m", api_key="secret",
+                      transport=httpx.MockTransport(handler)) as client:
+        assert client.classify(["t"]) == [2.5]
+        assert client.chat([{"messages": []}])[0]["choices"][0]["message"]["content"] == "ok"
+    assert [r.headers["authorization"] for r in seen] == ["Bearer secret"] * 2
+    assert json.loads(seen[1].content)["model"] == "m"
+
+
+def test_run_sync_still_runs_a_coroutine():
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    assert run_sync(answer()) == 42
+
+
+async def test_run_sync_inside_a_running_loop():
+    async def answer() -> int:
+        return 7
+
+    assert run_sync(answer()) == 7
+
+
+def test_verl_result_reads_an_int_slot():
+    assert _result(1.5, {"index": 0, "key": "00000000", "slot": 3}) == {
+        "score": 1.5, "rmgate_slot": 3, "rmgate_parsed": 1.0}
+    assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_slot"] == 2  # digit string
+    assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_parsed"] == 0.0
+    assert _result(0.0, {})["rmgate_slot"] == 0
+
+
+def test_client_imports_nothing_server_side():
     code = ("import sys, gateway.client, gateway.client.verl; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch', "
+            "'fastapi', 'starlette', 'uvicorn', 'aiohttp', 'prometheus_client')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
