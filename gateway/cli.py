@@ -26,6 +26,8 @@ DEMO_MODELS_DIR = REPO_ROOT / DEMO_MODELS_SUBDIR
 DEMO_CONFIG_RESOURCE = ("gateway.serve", "data/demo-cpu.yaml")
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
 PROXY_OPTION = typer.Option(
     None, help="How HTTP reaches the ingress: 'haproxy' (Serve's HAProxy + direct ingress; "
     "default where the binary is installed, a quarter of the CPU per request) or 'serve' "
@@ -93,15 +95,22 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     except (ValueError, RuntimeError) as exc:
         raise typer.BadParameter(f"--{exc}") from None  # "--proxy must be one of ..."
 
+    cfg = load_serve_config(config)
+    http = dict(cfg.get("http_options") or {})
+    host = host or http.get("host", "127.0.0.1")
+    port = port or int(http.get("port", 8000))
+    if host in LOOPBACK_HOSTS:
+        # A loopback gateway's Ray node lives on loopback too. Left to itself Ray 2.60 turns
+        # 127.0.0.1 into the machine's interface address (``resolve_ip_for_localhost``) and
+        # binds its agents there; this switch (read when Ray is imported, inherited by its
+        # processes) makes it keep loopback, as it does on a laptop.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
     import ray
     from ray import serve
 
     from gateway.serve.admin import deploy_local
 
-    cfg = load_serve_config(config)
-    http = dict(cfg.get("http_options") or {})
-    host = host or http.get("host", "127.0.0.1")
-    port = port or int(http.get("port", 8000))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -114,7 +123,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None
     context = ray.init(address="local", include_dashboard=dashboard,
-                       dashboard_host="127.0.0.1", log_to_driver=False)
+                       dashboard_host="127.0.0.1", log_to_driver=False,
+                       **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS else {}))
     try:
         serve.start(http_options={"host": host, "port": port})
         rendered["http_options"] = {"host": host, "port": port}
@@ -283,8 +293,8 @@ def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.O
          proxy: Optional[str] = PROXY_OPTION) -> None:
     """Build the demo models if missing and serve configs/demo-cpu.yaml.
 
-    The models go to ``models/demo`` under $RMGATE_HOME, else the checkout, else
-    $XDG_CACHE_HOME/rmgate (~/.cache/rmgate)."""
+    The models go to models/demo under $RMGATE_HOME if set, else under the checkout when
+    run from one, else under $XDG_CACHE_HOME/rmgate (default ~/.cache/rmgate)."""
     from deployments.demo.models import build_demo_models, demo_models_present
 
     root = demo_root()

@@ -1,0 +1,430 @@
+"""rmgate as a user installs it: a wheel, not an editable install, in a fresh venv.
+
+The wheel is built from a copy of the checkout's files (tracked and untracked, not ignored:
+what a commit would hold; a stale ``build/`` cannot leak into it) and installed with the
+steps of scripts/install.sh, non-editable: ``torch==2.13.0`` first, then ``rmgate[cpu]``
+from the wheel, then the CUDA torchvision/torchaudio/torchcodec removed. Then
+``<venv>/bin/rmgate demo`` runs from an empty directory, with HOME pointed at a fresh
+folder and the checkout nowhere on its path: it must build the demo models into the user
+cache (~/.cache/rmgate/models/demo), serve the packaged demo config, answer /classify
+and /v1/chat/completions, keep its own ports (HTTP, dashboard, HAProxy's frontend and the
+ingress replicas' direct ports, the vLLM engines) on loopback, and leave no process behind
+after Ctrl-C (SIGINT to its process group). Ray 2.60's own gRPC servers and HAProxy's
+stats/metrics frontends listen on all interfaces whatever rmgate asks: reported, allowed.
+
+The venv's third-party packages (~1 GB downloaded, 3.7 GB installed, ~1.5-2.5 min) are
+cached between runs under
+pytest's cache (.pytest_cache/d/rmgate-wheel-venv, ignored by git), keyed on the
+dependency metadata in pyproject.toml and on this file's install recipe; the rmgate wheel
+itself is rebuilt and reinstalled (``--force-reinstall --no-deps``) on every run.
+``RMGATE_WHEEL_TEST_FRESH=1`` skips the cache (a venv from scratch under the tmp dir);
+``pytest --cache-clear`` drops it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from benchmarks.harness import (free_port, processes_with_env, stop_process_group,
+                                wait_until_gone, wait_until_serving)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+#: scripts/install.sh's steps, non-editable: (timing name, pip arguments). The cached venv
+#: is keyed on them, so changing a step rebuilds it.
+INSTALL_RECIPE = [
+    ("pip_install_torch_s", ["install", "torch==2.13.0"]),
+    ("pip_install_wheel_cpu_s", ["install", "{wheel}[cpu]"]),
+    ("pip_uninstall_torchvision_s", ["uninstall", "-y", "torchvision", "torchaudio",
+                                     "torchcodec"]),
+]
+INSTALL_TIMEOUT_S = 1800
+START_TIMEOUT_S = 900
+TEST_TIMEOUT_S = INSTALL_TIMEOUT_S + START_TIMEOUT_S + 300
+#: Seconds each step took, printed at the end of the module (pytest -s shows them).
+TIMINGS: dict[str, float] = {}
+
+
+# -- building and installing ------------------------------------------------------------
+
+def source_files() -> list[str]:
+    """The checkout's files as a commit would hold them: tracked + untracked, not ignored."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], cwd=REPO, check=True,
+                             capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.fail(f"git ls-files failed in {REPO}: {exc}")
+    names = sorted({n for n in out.decode().split("\0") if n})
+    return [n for n in names if os.path.lexists(REPO / n)]  # not ones deleted in the tree
+
+
+def copy_source(dst: Path) -> None:
+    """Copy the source files to ``dst``; symlinks stay symlinks (as git stores them)."""
+    for name in source_files():
+        src, out = REPO / name, dst / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), out)
+        elif src.is_file():
+            shutil.copy2(src, out)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, **kwargs) -> None:
+    with open(log, "ab") as fh:
+        fh.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
+                              **kwargs)
+    if proc.returncode:
+        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
+                    f"{log.read_text(errors='replace')[-5000:]}")
+
+
+@contextmanager
+def timed(name: str) -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    TIMINGS[name] = round(time.monotonic() - start, 1)
+
+
+def clean_env(venv: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user who just made ``venv``: nothing points at the checkout."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV",
+                        "RMGATE_HOME", "XDG_CACHE_HOME", "RAY_ADDRESS"}}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    env.update(HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", PIP_NO_INPUT="1")
+    env.update(extra)
+    return env
+
+
+def dependency_key() -> str:
+    """What the cached venv's third-party packages depend on: the dependency metadata
+    (not the code, not the pytest settings), the recipe and the interpreter."""
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = meta["project"]
+    relevant = {"build-system": meta.get("build-system"),
+                "requires-python": project.get("requires-python"),
+                "dependencies": project.get("dependencies"),
+                "optional-dependencies": project.get("optional-dependencies"),
+                "recipe": INSTALL_RECIPE, "python": sys.version,
+                "base": getattr(sys, "_base_executable", sys.executable)}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """One test run at a time builds or reinstalls the cached venv."""
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def make_venv(venv: Path, wheel: Path, log: Path) -> None:
+    """python -m venv + the recipe: the same steps as scripts/install.sh, not editable."""
+    shutil.rmtree(venv, ignore_errors=True)
+    with timed("venv_create_s"):
+        run_logged([sys.executable, "-m", "venv", str(venv)], log, 300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    for name, args in INSTALL_RECIPE:
+        with timed(name):  # cwd outside the checkout; pip's cache and config as the user's
+            run_logged([*pip, *(a.format(wheel=wheel) for a in args)], log, INSTALL_TIMEOUT_S,
+                       cwd=log.parent, env=clean_env(venv))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The rmgate wheel, built from a copy of the checkout (``pip wheel --no-deps``)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    with timed("source_copy_s"):
+        copy_source(tmp / "src")
+    with timed("wheel_build_s"):
+        run_logged([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp / "dist"),
+                    str(tmp / "src")], tmp / "build.log", 600, cwd=tmp)
+    built = list((tmp / "dist").glob("rmgate-*.whl"))
+    assert len(built) == 1, built
+    return built[0]
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, request, tmp_path_factory) -> Path:
+    """A venv outside the checkout's packages with the wheel (not editable) and [cpu]."""
+    log = tmp_path_factory.mktemp("install") / "install.log"
+    cache = None if os.environ.get("RMGATE_WHEEL_TEST_FRESH") == "1" else request.config.cache
+    if cache is None:
+        target = log.parent / "venv"
+        make_venv(target, wheel, log)
+        TIMINGS["venv_cached"] = 0
+        return target
+    root = Path(cache.mkdir("rmgate-wheel-venv"))
+    key = dependency_key()
+    target, stamp = root / f"venv-{key}", root / f"venv-{key}.ok"
+    with locked(root / ".lock"):
+        if stamp.is_file() and (target / "bin" / "python").is_file():
+            TIMINGS["venv_cached"] = 1
+            with timed("wheel_reinstall_s"):  # the code changed, the dependencies did not
+                run_logged([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
+                            "--force-reinstall", "--no-deps", str(wheel)], log, 600,
+                           cwd=log.parent, env=clean_env(target))
+        else:
+            TIMINGS["venv_cached"] = 0
+            for old in root.glob("venv-*"):  # other keys: dependencies no longer wanted
+                if old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    old.unlink()
+            make_venv(target, wheel, log)
+            stamp.write_text(key)
+    return target
+
+
+def venv_python(venv: Path, code: str, cwd: Path, **env: str) -> str:
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=cwd,
+                          env=clean_env(venv, **env), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+# -- sockets ----------------------------------------------------------------------------
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000",  # 127.0.0.1, ::1
+            "0000000000000000FFFF00000100007F"}              # ::ffff:127.0.0.1
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, local address in /proc/net hex, port) of every TCP socket in LISTEN state
+    that one of ``pids`` holds."""
+    inodes: dict[str, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                addr, port = fields[1].split(":")
+                inodes[fields[9]] = (addr, int(port, 16))
+    found = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                found.append((pid, *inodes[target[8:-1]]))
+    return sorted(set(found))
+
+
+def describe(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return "?"
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages (torch, the object store) counted once overall."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def is_ray_process(cmdline: str) -> bool:
+    """Ray's own processes: GCS, raylet, dashboard and agents, workers and actors."""
+    return (cmdline.startswith("ray::") or "/ray/core/src/ray/" in cmdline
+            or "site-packages/ray/" in cmdline)
+
+
+def gateway_ports(http_port: int, engines: Path, driver_pid: int) -> dict[str, set[int]]:
+    """The ports of this gateway, by kind: its HTTP port and Ray's dashboard, every vLLM
+    engine (engine logs are named ``<model>-<slot>-<port>.log``), and the addresses in the
+    HAProxy config Serve wrote for it: ``haproxy`` (the HTTP frontend, the ingress replicas'
+    direct ports, the fallback proxy) and ``haproxy_admin`` (its stats and Prometheus
+    frontends, which Ray 2.60's template binds on all interfaces: ``bind *:port``)."""
+    ports: dict[str, set[int]] = {"http": {http_port, 8265}, "haproxy": set(),
+                                  "haproxy_admin": set()}
+    ports["engines"] = {int(p.stem.rsplit("-", 1)[1]) for p in engines.glob("*.log")
+                        if p.stem.rsplit("-", 1)[-1].isdigit()}
+    section = ""
+    proxy_dir = Path(tempfile.gettempdir(), f"rmgate-proxy-{driver_pid}")  # gateway.cli's
+    for cfg in sorted(proxy_dir.rglob("*")):  # HAProxy's config lies a folder down
+        try:
+            text = cfg.read_text(errors="replace") if cfg.is_file() else ""
+        except OSError:
+            continue
+        if "\nfrontend " not in text:
+            continue
+        for line in text.splitlines():
+            if re.match(r"(frontend|backend|listen|global|defaults)\b", line):
+                section = line.strip()
+            m = re.match(r"\s*(?:bind|server\s+\S+)\s+\S*?:(\d+)\b", line)
+            if m:
+                admin = section in ("frontend prometheus", "listen stats")
+                ports["haproxy_admin" if admin else "haproxy"].add(int(m.group(1)))
+    return ports
+
+
+def check_loopback(listeners: list[tuple[int, str, int]], ports: dict[str, set[int]],
+                   driver_pid: int) -> tuple[list[str], list[str]]:
+    """(problems, known listeners beyond loopback). A problem: one of the gateway's serving
+    ports (HTTP, dashboard, engines, HAProxy's frontend and servers) beyond loopback, or a
+    process that is not Ray's (vLLM, an engine launcher, HAProxy) listening beyond it.
+    Known and reported: Ray 2.60's core gRPC servers (GCS, raylet, every worker's and the
+    driver's bind all interfaces whatever the node address), its agents, and HAProxy's
+    stats/Prometheus frontends (bound ``*:port`` by Ray's template)."""
+    strict = ports["http"] | ports["engines"] | ports["haproxy"]
+    problems, known = [], []
+    for pid, addr, port in listeners:
+        if addr in LOOPBACK:
+            continue
+        cmd = describe(pid)
+        where = f"{cmd[:120]} (pid {pid}) on {addr}:{port}"
+        if port in strict:
+            problems.append("gateway port: " + where)
+        elif port in ports["haproxy_admin"] or is_ray_process(cmd) or pid == driver_pid:
+            known.append(where)
+        else:
+            problems.append("not Ray's: " + where)
+    return problems, known
+
+
+# -- the tests --------------------------------------------------------------------------
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, venv, tmp_path):
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        shipped = zf.read("gateway/serve/data/demo-cpu.yaml")
+    assert shipped == (REPO / "configs" / "demo-cpu.yaml").read_bytes()  # content, not a link
+    assert "gateway/cli.py" in names and "deployments/demo/models.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "configs/"))]
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+    empty = tmp_path / "cwd"
+    empty.mkdir()
+    site = venv_python(venv, "import sysconfig; print(sysconfig.get_paths()['purelib'])", empty)
+    where = json.loads(venv_python(venv, (
+        "import json, gateway, gateway.cli as c, deployments;"
+        "print(json.dumps([gateway.__file__, deployments.__file__, c.in_checkout(),"
+        " str(c.demo_root())]))"), empty, HOME=str(tmp_path / "home")))
+    for module in where[:2]:
+        assert Path(module).is_relative_to(site), (module, site)
+        assert not Path(module).is_relative_to(REPO / "gateway"), module
+    assert where[2] is False
+    assert where[3] == str(tmp_path / "home" / ".cache" / "rmgate")
+    # The other two places the demo models can go, in order of precedence.
+    root = "import gateway.cli as c; print(c.demo_root())"
+    assert venv_python(venv, root, empty, HOME=str(tmp_path / "home"),
+                       XDG_CACHE_HOME=str(tmp_path / "xdg")) == str(tmp_path / "xdg" / "rmgate")
+    assert venv_python(venv, root, empty, XDG_CACHE_HOME=str(tmp_path / "xdg"),
+                       RMGATE_HOME=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    # The packaged config is the one `rmgate demo` serves, and it is a regular file.
+    config = venv_python(venv, ("import gateway.cli as c\nwith c.demo_config() as p: print(p)"),
+                         empty)
+    assert Path(config).is_relative_to(site) and not Path(config).is_symlink(), config
+    assert Path(config).read_bytes() == shipped
+    assert not list(empty.iterdir())
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_demo_from_an_empty_directory_builds_into_the_user_cache(venv, tmp_path):
+    from deployments.demo.models import demo_models_present
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    marker = str(tmp_path / "engines")  # every process the demo starts inherits it
+    env = clean_env(venv, HOME=str(home), RMGATE_LOG_DIR=marker)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "demo.log"
+    start = time.monotonic()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(venv / "bin" / "rmgate"), "demo", "--port", str(port)],
+                                cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_until_serving(url, proc, log, START_TIMEOUT_S)
+        TIMINGS["demo_start_s"] = round(time.monotonic() - start, 1)
+        models = httpx.get(url + "/v1/models", timeout=30).json()
+        assert {m["id"] for m in models["data"]} >= {"judge", "rm"}, models
+
+        r = httpx.post(url + "/classify", json={"model": "rm", "input": ["2+3=5", "2+3=6"]},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == 2
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "judge", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Is 2+3=5 right?"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] is not None
+
+        listeners = listening_sockets(processes_with_env(marker))
+        ours = gateway_ports(port, Path(marker), proc.pid)
+        problems, known = check_loopback(listeners, ours, proc.pid)
+        bound = {p for _, _, p in listeners}
+        TIMINGS["demo_pss_gib"] = round(sum(pss_bytes(pid) for pid in
+                                            processes_with_env(marker)) / 2**30, 1)
+        (tmp_path / "listeners.json").write_text(json.dumps(  # for the record
+            {"ports": {k: sorted(v) for k, v in ours.items()},
+             "listeners": [(describe(pid)[:160], addr, p) for pid, addr, p in listeners]},
+            indent=1))
+    finally:
+        stop_start = time.monotonic()
+        stop_process_group(proc)
+        TIMINGS["demo_stop_s"] = round(time.monotonic() - stop_start, 1)
+        left = wait_until_gone(marker)
+        assert not left, f"processes left after shutdown: {[describe(p) for p in left]}"
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 0, f"rmgate demo exited with {proc.returncode}:\n{text[-3000:]}"
+
+    built = home / ".cache" / "rmgate" / "models" / "demo"
+    assert f"building demo models in {built} ..." in text, text[-3000:]
+    assert demo_models_present(built)
+    assert not list(cwd.iterdir()), list(cwd.iterdir())  # nothing written where it ran
+    # Loopback only, for everything rmgate opens (checked while it served).
+    assert port in bound and len(ours["engines"] & bound) >= 4, (
+        ours, listeners)  # judge x2, rm x2
+    assert ours["haproxy"] or "HTTP path: serve" in text, ours  # HAProxy's, where it runs
+    assert not problems, "listening beyond loopback:\n" + "\n".join(problems)
+    TIMINGS["known_listeners_beyond_loopback"] = len(known)
+    print("\nknown listeners beyond loopback (Ray 2.60's gRPC servers and agents, HAProxy "
+          "stats/metrics):\n  " + "\n  ".join(known), flush=True)
+
+
+def teardown_module() -> None:
+    print(f"\nwheel install timings: {json.dumps(TIMINGS)}", flush=True)
