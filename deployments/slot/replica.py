@@ -20,6 +20,7 @@ from ray.serve import Application
 from deployments.engine.args import detect_platform, needs_selftest, plan_engine
 from deployments.engine.process import EngineProcess, free_port
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
+from deployments.engine.numerics import slot_numerics
 from deployments.engine.selftest import run_selftest
 from gateway.core.config import ModelSpec
 
@@ -52,6 +53,12 @@ class SlotReplica:
                 self.engine.stop()
                 self._start_engine(self.spec.model_copy(update={"determinism": "serialize"}))
                 self.selftest["fallback"] = "serialize"
+        # The slot's numerics class: its identity and its answers to the golden probes,
+        # one at a time, before it serves (gateway.core.numerics).
+        self.numerics = slot_numerics(self.spec, self.plan, self.platform, self.model_digest,
+                                      self.engine.url)
+        logger.info("slot %s-%d: numerics class %s (probe digest %s)", self.spec.name, slot,
+                    self.numerics["class_id"], (self.numerics["probe_digest"] or "-")[:12])
         self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
         logger.info("slot %s-%d: engine ready at %s (mode %s)", self.spec.name, slot,
                     self.engine.url, self.plan.mode)
@@ -60,8 +67,9 @@ class SlotReplica:
         port = free_port(ENGINE_HOST)
         self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST,
                                 slot=self.slot)
+        self.model_digest = digest_dir(spec.model_path)
         self.fingerprint = build_fingerprint(
-            model_digest=digest_dir(spec.model_path), device=self.platform.name,
+            model_digest=self.model_digest, device=self.platform.name,
             mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
             attention=self.plan.attention_backend)
         if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
@@ -78,7 +86,8 @@ class SlotReplica:
         """Where the ingress reaches this slot's engine, and what its answers depend on."""
         return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
                 "max_inflight": self.plan.max_inflight, "slot": self.slot,
-                "engine_pid": self.engine.pid, "selftest": self.selftest}
+                "engine_pid": self.engine.pid, "selftest": self.selftest,
+                "numerics": self.numerics}
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """The ``handle`` transport: post ``body`` to the engine from inside the replica."""

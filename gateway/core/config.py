@@ -152,6 +152,21 @@ class GatewaySettings(BaseModel):
     #: replicas its bits may then differ.
     failover: Literal["wait", "next_slot"] = "wait"
     failover_after_s: float = Field(default=5.0, ge=0)
+    #: ``pinned``: a key is answered by its own slot (today's behaviour). ``class``: by any
+    #: slot of its own slot's numerics class (bitwise the same answers): its own slot
+    #: first, another class mate under load (bounded load, ``load_bound``) or at once when
+    #: its own slot is unreachable.
+    placement: Literal["pinned", "class"] = "pinned"
+    #: Bounded load: a class mate takes a key when the key's own slot holds at least
+    #: ``ceil(load_bound * (class load + 1) / class size)`` requests.
+    load_bound: float = Field(default=1.25, ge=1.0)
+    #: Slots of one model in several classes: ``strict`` drains those outside the majority
+    #: class (reason in /v1/models); ``mixed`` serves each class for its own keys.
+    class_policy: Literal["strict", "mixed"] = "strict"
+    #: Every this many seconds each slot re-answers the golden probes through its gate; a
+    #: slot whose probe digest changed leaves its class (drained under ``strict``) until it
+    #: matches again. 0 turns the canary off.
+    canary_interval_s: float = Field(default=600.0, ge=0)
     #: Requests waiting per slot beyond the ones in flight before answering 503.
     max_queue_per_slot: int = Field(default=4096, ge=1)
     #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)

@@ -1,37 +1,99 @@
-"""Placement policy: which slots may answer a key, in which order, and how long each may
-keep the request waiting. Pure: it returns a decision; the transport acts on it.
+"""Placement policy: which slots may answer a key, in which order, how long each may keep
+the request waiting, and why. Pure: it returns a decision; the transport acts on it.
 
-``wait`` (the default): only the key's own slot, for up to ``slot_wait_s`` (a request never
-moves, so results never change). ``next_slot``: the key's ranking of slots, each given
-``failover_after_s`` before the request moves on, the last one ``slot_wait_s``.
+Without class information (``pinned``, or a slot whose class is not known yet) a key goes
+to its own slot (jump hash) only:
+
+* ``failover: wait`` (the default): the key's slot, for up to ``slot_wait_s`` (a request
+  never moves, so results never change);
+* ``failover: next_slot``: the key's ranking of slots, each given ``failover_after_s``
+  before the request moves on, the last one ``slot_wait_s`` (across classes: marked).
+
+With ``placement: class`` a key may be answered by any slot of its preferred slot's
+numerics class (``gateway.core.numerics``), bits unchanged. The members are taken in the
+key's own ranking; under bounded load (Mirokni et al.'s consistent hashing with bounded
+loads) the first member whose in-flight + queued requests are below
+``ceil(c · (total + 1) / members)`` answers, else the least loaded. A dead member is left at
+once for the next (``wait_s`` 0); the last one waits ``slot_wait_s``. An idle gateway places
+every key on its own slot, exactly as ``pinned``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping
 
 from gateway.core.hashing import slot_for_key, slot_ranking
+from gateway.core.numerics import ModelClasses
 
 FailoverMode = Literal["wait", "next_slot"]
+PlacementMode = Literal["pinned", "class"]
+#: Why a request is placed away from its preferred slot.
+Reason = Literal["preferred", "load", "drained"]
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Ordered candidates ``(slot, wait_s)``; the first is the key's own slot."""
+    """Ordered candidates ``(slot, wait_s)``; ``home`` is the key's own (preferred) slot."""
 
     candidates: tuple[tuple[int, float], ...]
+    home: int = -1
+    #: Why the first candidate was chosen: the preferred slot, its load, or a drain.
+    reason: Reason = "preferred"
+    #: The numerics class the candidates share (None: unknown, or pinned placement).
+    numerics_class: str | None = None
+    #: Whether every candidate is of one class (False: ``next_slot`` across slots).
+    within_class: bool = False
+
+    def __post_init__(self) -> None:
+        if self.home < 0:
+            object.__setattr__(self, "home", self.candidates[0][0])
 
     @property
-    def home(self) -> int:
+    def first(self) -> int:
         return self.candidates[0][0]
 
 
 def place(key: int, slots: int, failover: FailoverMode, slot_wait_s: float,
           failover_after_s: float) -> Placement:
-    """Where ``key`` goes among ``slots`` slots under the failover mode."""
+    """Where ``key`` goes among ``slots`` slots, pinned to its own slot (or its ranking under
+    ``next_slot``)."""
     if failover != "next_slot" or slots < 2:
         return Placement(((slot_for_key(key, slots), slot_wait_s),))
     ranking = slot_ranking(key, slots)
     waits = [failover_after_s] * (len(ranking) - 1) + [slot_wait_s]
     return Placement(tuple(zip(ranking, waits)))
+
+
+def bounded_choice(members: list[int], load: Mapping[int, int], c: float) -> int:
+    """The first of ``members`` (in the key's ranking) under the bounded-load capacity,
+    else the least loaded (ties: ranking order)."""
+    total = sum(load.get(s, 0) for s in members)
+    capacity = max(1, math.ceil(c * (total + 1) / len(members)))
+    for s in members:
+        if load.get(s, 0) < capacity:
+            return s
+    return min(members, key=lambda s: (load.get(s, 0), members.index(s)))
+
+
+def place_in_class(key: int, classes: ModelClasses, load: Mapping[int, int], *,
+                   failover: FailoverMode, slot_wait_s: float, failover_after_s: float,
+                   load_bound: float) -> Placement:
+    """Where ``key`` goes when its slots' numerics classes are known (``placement: class``)."""
+    n = len(classes.classes)
+    home = slot_for_key(key, n)
+    mates = classes.mates(home)
+    if classes.classes[home] is None or (len(mates) < 2 and not classes.drained(home)):
+        pinned = place(key, n, failover, slot_wait_s, failover_after_s)
+        return Placement(pinned.candidates, home, "preferred", classes.classes[home])
+    members = [s for s in slot_ranking(key, n) if s in mates]
+    if not members:  # every slot drained: nothing better than its own slot
+        return place(key, n, failover, slot_wait_s, failover_after_s)
+    chosen = bounded_choice(members, load, load_bound)
+    order = [chosen] + [s for s in members if s != chosen]
+    waits = [0.0] * (len(order) - 1) + [slot_wait_s]
+    reason: Reason = "drained" if classes.drained(home) else (
+        "preferred" if chosen == home else "load")
+    return Placement(tuple(zip(order, waits)), home, reason, classes.classes[order[0]],
+                     within_class=True)

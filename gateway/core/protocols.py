@@ -65,6 +65,18 @@ class ModelCard(BaseModel):
     selftest: list[dict[str, Any] | None] = Field(
         default_factory=list, description="Per slot: the start-up self-test (alone vs batched, "
         "bitwise) when the slot batches: passed, identical, total, reason, mode, fallback.")
+    placement: str = Field(default="pinned", description="pinned (a key's own slot) or class "
+                           "(any slot of its own slot's numerics class).")
+    numerics_classes: list[str | None] = Field(
+        default_factory=list, description="Per slot: its numerics class (identity + probe "
+        "digest, short hash), as last reported; None while unknown.")
+    classes: dict[str, list[int]] = Field(default_factory=dict, description="Each numerics "
+                                          "class and its slots.")
+    drained: dict[str, str] = Field(default_factory=dict, description="Slots (by index) that "
+                                    "answer no key, and why (class_policy: strict).")
+    numerics: list[dict[str, Any] | None] = Field(
+        default_factory=list, description="Per slot: identity (what decides its bits) and "
+        "probe digest.")
 
 
 class ModelList(BaseModel):

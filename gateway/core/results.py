@@ -21,10 +21,22 @@ class Route:
     slot: int
     answered_by: int
     fingerprint: str | None = None
+    #: The numerics class of the answering slot (None: not reported / pinned placement).
+    numerics_class: str | None = None
+    #: The answering slot was a class mate of the key's own slot (same bits by the class
+    #: invariant), not a ``next_slot`` failover.
+    within_class: bool = False
+    #: Why a class mate answered: ``load`` (bounded load), ``drained`` (the key's own slot
+    #: is outside the majority class), ``unavailable`` (it did not answer); None otherwise.
+    placement_reason: str | None = None
 
     @property
     def failed_over(self) -> bool:
-        return self.answered_by != self.slot
+        return self.answered_by != self.slot and not self.within_class
+
+    @property
+    def placed_away(self) -> bool:
+        return self.answered_by != self.slot and self.within_class
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,16 @@ class GatewayResult:
     @property
     def failovers(self) -> list[tuple[int, int]]:
         return [(r.slot, r.answered_by) for r in self.routes if r.failed_over]
+
+    @property
+    def placements(self) -> list[tuple[int, int, str]]:
+        """``(own slot, answering slot, reason)`` of every item a class mate answered."""
+        return [(r.slot, r.answered_by, r.placement_reason or "") for r in self.routes
+                if r.placed_away]
+
+    @property
+    def numerics_classes(self) -> list[str]:
+        return sorted({r.numerics_class for r in self.routes if r.numerics_class})
 
     @property
     def fingerprints(self) -> list[str]:

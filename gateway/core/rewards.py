@@ -57,6 +57,8 @@ def _label_text(label: Label) -> str | None:
 def _route_detail(result: GatewayResult) -> dict[str, Any]:
     """What decided an item's reward: its key, the slot that answered, its seed."""
     detail: dict[str, Any] = {"key": result.key_hex, "slot": result.slots[-1]}
+    if result.numerics_classes:
+        detail["numerics_class"] = result.numerics_classes[-1]
     if result.seed is not None:
         detail["seed"] = result.seed
     return detail

@@ -19,7 +19,7 @@ from gateway.core.errors import (EngineFailed, EngineRejected, ModelNotFound, Mo
                                  StreamUnsupported, WrongModelKind, InvalidSchema,
                                  engine_error_message)
 from gateway.core.keys import canonical_json, derive_seed, key_hex, request_key
-from gateway.core.placement import place
+from gateway.core.placement import Placement, place, place_in_class
 from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                     ModelCard, ModelList)
 from gateway.core.requests import normalize_activation, parse_json_object, split_inputs, validate
@@ -90,18 +90,33 @@ class RewardGateway:
                         timeout_s: float) -> tuple[Route, EngineReply]:
         """Send to the key's placement; when a scale-down removes the slot under the
         request, place it again under the new count (same bits: homogeneous replicas)."""
-        settings = self.config.gateway
         for _ in range(MAX_REROUTES):
-            placement = place(key, self.slots.count(spec.name), settings.failover,
-                              settings.slot_wait_s, settings.failover_after_s)
+            placement = self.placement(spec, key)
             try:
                 reply = await self.transport.post(spec.name, placement, path, body, timeout_s)
             except SlotRemoved:
                 logger.info("slot %s-%d was scaled away; routing %s again", spec.name,
                             placement.home, key_hex(key))
                 continue
-            return Route(key, placement.home, reply.slot, reply.fingerprint), reply
+            reason = None
+            if placement.within_class and reply.slot != placement.home:
+                reason = placement.reason if reply.slot == placement.first and \
+                    placement.reason != "preferred" else "unavailable"
+            return Route(key, placement.home, reply.slot, reply.fingerprint,
+                         reply.numerics_class, placement.within_class, reason), reply
         raise Rescaling(f"model {spec.name} is being rescaled; retry")
+
+    def placement(self, spec: ModelSpec, key: int) -> Placement:
+        """The placement policy's decision for ``key`` (pure: ``gateway.core.placement``)."""
+        settings = self.config.gateway
+        n = self.slots.count(spec.name)
+        if settings.placement == "class" and n > 1:
+            view = self.transport.slot_view(spec.name, n)
+            return place_in_class(key, view.classes, view.load, failover=settings.failover,
+                                  slot_wait_s=settings.slot_wait_s,
+                                  failover_after_s=settings.failover_after_s,
+                                  load_bound=settings.load_bound)
+        return place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
 
     def _timeout(self, timeout_s: float | None) -> float:
         limit = self.config.gateway.request_timeout_s
@@ -212,6 +227,7 @@ class RewardGateway:
             health = await asyncio.gather(*(self.transport.health(spec.name, s, timeout_s)
                                             for s in range(n)))
             modes = {i.mode for i in infos if i is not None}
+            view = self.transport.slot_view(spec.name, n)
             cards.append(ModelCard(
                 id=spec.name, kind=spec.kind,
                 determinism=modes.pop() if len(modes) == 1 else spec.determinism,
@@ -219,5 +235,11 @@ class RewardGateway:
                 seed_policy=spec.seed.policy if spec.kind == "generative" else None,
                 fingerprints=[i.fingerprint if i else None for i in infos],
                 health=list(health),
-                selftest=[i.raw.get("selftest") if i else None for i in infos]))
+                selftest=[i.raw.get("selftest") if i else None for i in infos],
+                placement=self.config.gateway.placement,
+                numerics_classes=list(view.classes.classes),
+                classes=view.classes.groups,
+                drained={str(s): r for s in range(n)
+                         if (r := view.classes.drain_reason(s)) is not None},
+                numerics=[i.raw.get("numerics") if i else None for i in infos]))
         return ModelList(data=cards)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.core.numerics import ModelClasses
 from gateway.core.placement import Placement
 
 
@@ -25,11 +26,15 @@ class SlotInfo:
     mode: str
     max_inflight: int
     raw: dict[str, Any] = field(default_factory=dict)
+    #: The slot's numerics class (``gateway.core.numerics``); None when it reported none.
+    numerics_class: str | None = None
 
     @classmethod
     def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> "SlotInfo":
+        numerics = raw.get("numerics") or {}
         return cls(model=model, slot=slot, url=raw["url"], fingerprint=raw.get("fingerprint"),
-                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)), raw=raw)
+                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)), raw=raw,
+                   numerics_class=numerics.get("class_id"))
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,16 @@ class EngineReply:
     fingerprint: str | None = None
     #: The slot that answered: the placement's first, unless failover moved the request.
     slot: int = 0
+    numerics_class: str | None = None
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """What placement needs to know of a model's slots right now: their numerics classes
+    (as last reported; a dead slot keeps its class) and their load (in flight + queued)."""
+
+    classes: ModelClasses
+    load: dict[int, int] = field(default_factory=dict)
 
 
 class EngineCallError(Exception):
@@ -76,6 +91,9 @@ class Transport(Protocol):
         (``SlotRemoved`` when scaling took the slot away under the request)."""
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None: ...
+
+    def slot_view(self, model: str, slots: int) -> SlotView:
+        """Classes and load of ``model``'s first ``slots`` slots (never blocks)."""
 
     async def health(self, model: str, slot: int, timeout_s: float) -> str: ...
 

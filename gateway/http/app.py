@@ -8,6 +8,10 @@ without Ray: unit tests drive it with a fake transport, and the Serve ingress
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
 from fastapi import FastAPI
 
 from gateway.core.service import RewardGateway
@@ -17,9 +21,22 @@ from gateway.http.routers import engine, ops, rewards
 VERSION = "0.1.0"
 
 
-def create_app(gateway: RewardGateway | None = None) -> FastAPI:
-    """The ingress app; without ``gateway`` it answers 503 until one is installed."""
-    app = FastAPI(title="rmgate", version=VERSION,
+def create_app(gateway: RewardGateway | None = None,
+               background: Sequence[Callable[[], Awaitable[Any]]] = ()) -> FastAPI:
+    """The ingress app; without ``gateway`` it answers 503 until one is installed.
+    ``background`` coroutines (the canary) run while the app runs, cancelled at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.ensure_future(job()) for job in background]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(title="rmgate", version=VERSION, lifespan=lifespan,
                   description="Deterministic reward-model gateway: the same request body "
                               "gives the same reward bits.")
     app.state.gateway = gateway

@@ -3,7 +3,10 @@
 ``x-rmgate-model``, ``x-rmgate-key`` (crc32 of the canonical body, hex), ``x-rmgate-slot``
 (the answering slot, one per item for list inputs), ``x-rmgate-seed`` (GRM),
 ``x-rmgate-fingerprint`` (what the answering replicas' bits depend on) and
-``x-rmgate-failover: <from>-><to>`` when a slot other than the key's own answered.
+``x-rmgate-failover: <from>-><to>`` when a slot of another class answered (``next_slot``),
+``x-rmgate-class`` (the answering slots' numerics classes) and ``x-rmgate-placement:
+<own>-><slot>:<reason>`` when a class mate answered (reason ``load``, ``drained`` or
+``unavailable``; same bits by the class invariant).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ def result_headers(result: GatewayResult) -> dict[str, str]:
         headers["x-rmgate-slot"] = ",".join(map(str, result.slots))
         if result.failovers:
             headers["x-rmgate-failover"] = ",".join(f"{a}->{b}" for a, b in result.failovers)
+        if result.placements:
+            headers["x-rmgate-placement"] = ",".join(f"{a}->{b}:{why}"
+                                                     for a, b, why in result.placements)
+        if result.numerics_classes:
+            headers["x-rmgate-class"] = ",".join(result.numerics_classes)
         if result.fingerprints:
             headers["x-rmgate-fingerprint"] = ",".join(result.fingerprints)
     if result.seed is not None:

@@ -33,6 +33,14 @@ FAILOVERS = Counter("rmgate_failovers", "Requests answered by another slot than 
                     ["model", "from_slot", "to_slot"], registry=REGISTRY)
 SEEDS_DERIVED = Counter("rmgate_seeds_derived", "GRM requests whose seed the gateway derived",
                         ["model"], registry=REGISTRY)
+PLACED_AWAY = Counter("rmgate_placements_away", "Engine requests answered by a class mate of "
+                      "the key's own slot, by reason (load, drained, unavailable)",
+                      ["model", "reason"], registry=REGISTRY)
+SLOT_CLASS = Gauge("rmgate_slot_class", "1 for each slot's numerics class (as last reported)",
+                   ["model", "slot", "numerics_class"], registry=REGISTRY)
+CANARY_DRIFT = Counter("rmgate_canary_drift", "Slots whose probe digest changed under a "
+                       "running gateway (they leave their numerics class)",
+                       ["model", "slot"], registry=REGISTRY)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 
@@ -43,6 +51,20 @@ def exposition() -> tuple[bytes, str]:
 def export_slot_counts(counts: dict[str, int]) -> None:
     for model, n in counts.items():
         SLOTS.labels(model).set(n)
+
+
+_EXPORTED_CLASS: dict[tuple[str, int], str] = {}
+
+
+def export_slot_classes(model: str, classes: tuple[str | None, ...]) -> None:
+    """``rmgate_slot_class{model,slot,numerics_class} 1`` per slot (an info-style gauge)."""
+    for slot, cls in enumerate(classes):
+        label = cls or "unknown"
+        old = _EXPORTED_CLASS.get((model, slot))
+        if old is not None and old != label:
+            SLOT_CLASS.remove(model, str(slot), old)
+        _EXPORTED_CLASS[(model, slot)] = label
+        SLOT_CLASS.labels(model, str(slot), label).set(1)
 
 
 def record_request(model: str, endpoint: str, status: int, seconds: float | None) -> None:

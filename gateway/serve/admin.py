@@ -90,16 +90,23 @@ class ServeAdmin:
         return {name: app.get("status") for name, app in
                 (self.details().get("applications") or {}).items()}
 
-    def apply(self, apps: list[dict[str, Any]], timeout_s: float) -> None:
+    def apply(self, apps: list[dict[str, Any]], timeout_s: float,
+              current: list[dict[str, Any]] | None = None) -> None:
+        """Deploy ``apps`` and wait for the applications this changes (new or edited ones
+        running, removed ones gone). Applications it leaves as they are are not judged: a
+        fault in another model's slot (UNHEALTHY while its engine restarts) must not fail a
+        scale of this one."""
         details = self.details()
         before = set(details.get("applications") or {})
+        unchanged = {a["name"] for a in apps} & {a["name"] for a in (current or [])
+                                                   if a in apps}
         http = details.get("http_options") or {}
         config: dict[str, Any] = {"applications": apps}
         if http:
             config["http_options"] = {k: http[k] for k in ("host", "port") if k in http}
         self.client.deploy_applications(config)
         names = {a["name"] for a in apps}
-        wait_until_running(self.statuses, names, timeout_s, gone=before - names)
+        wait_until_running(self.statuses, names - unchanged, timeout_s, gone=before - names)
 
     def scale(self, model: str, n: int, timeout_s: float,
               log: Callable[[str], None] = print) -> int:
@@ -109,7 +116,17 @@ class ServeAdmin:
         previous = topology.slot_counts(apps)[model]
         labels = (["starting the new slots", "routing to them"] if n > previous
                   else ["routing to fewer slots", "removing the unused slots"])
+        current = apps
         for i, (step, label) in enumerate(zip(steps, labels), 1):
             log(f"[{i}/{len(steps)}] {model} {previous} -> {n}: {label}")
-            self.apply(step, timeout_s)
+            try:
+                self.apply(step, timeout_s, current)
+            except (RuntimeError, TimeoutError) as exc:
+                # No half-done state: put back what was deployed before this scale.
+                log(f"[{i}/{len(steps)}] failed ({exc}); rolling back to {model} = {previous} "
+                    "slots (the configuration deployed before this scale)")
+                self.apply(apps, timeout_s, step)
+                raise RuntimeError(f"{exc}; rolled back to {previous} slots of {model}") \
+                    from None
+            current = step
         return previous

@@ -22,6 +22,7 @@ from gateway.core.errors import InvalidSlotCounts
 from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
+from gateway.serve.canary import Canary
 from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
                                     slot_app_name)
 from gateway.transport.slot_transport import SlotTransport
@@ -79,7 +80,8 @@ class Gateway:
         self.gateway = RewardGateway(cfg, self.transport, self.slots)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.gateway)
+        canary = Canary(self.gateway.config, self.transport, self.slots)
+        return create_app(self.gateway, background=[canary.run])
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve calls this in place (no restart) when ``user_config`` changes: the slot

@@ -22,6 +22,9 @@ class SlotDirectory:
         self.handles = handles
         self.slots = slots
         self._info: dict[tuple[str, int], SlotInfo] = {}
+        #: The numerics class each slot last reported. Kept when the slot fails (a dead
+        #: slot's keys then go to its class mates) and replaced when it reports again.
+        self.classes: dict[tuple[str, int], str | None] = {}
 
     def cached(self, model: str, slot: int) -> SlotInfo | None:
         if self.slots.removed(model, slot):
@@ -46,7 +49,15 @@ class SlotDirectory:
             raise EngineUnreachable(f"slot {model}-{slot}: its replica did not answer "
                                     f"({type(exc).__name__}: {exc})") from exc
         info = self._info[(model, slot)] = SlotInfo.from_endpoint(model, slot, raw)
+        self.classes[(model, slot)] = info.numerics_class
         return info
+
+    def known_class(self, model: str, slot: int) -> str | None:
+        return self.classes.get((model, slot))
+
+    def set_class(self, model: str, slot: int, numerics_class: str | None) -> None:
+        """The canary's verdict: a drifted slot gets a class of its own until it matches."""
+        self.classes[(model, slot)] = numerics_class
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
         try:

@@ -22,12 +22,13 @@ import time
 from typing import Any, Awaitable, Callable, Mapping
 
 from gateway.core.config import GatewaySettings
+from gateway.core.numerics import ModelClasses
 from gateway.core.errors import EngineFailed, EngineTimeout, SlotRemoved, SlotUnavailable
 from gateway.core.placement import Placement
 from gateway.core.retry import Decision, RetryConfig, RetryState
 from gateway.core.slots import SlotTable
 from gateway.core.transport import (EngineClient, EngineConnectionLost, EngineNoAnswer,
-                                    EngineReply, EngineUnreachable, SlotInfo)
+                                    EngineReply, EngineUnreachable, SlotInfo, SlotView)
 from gateway.observability import metrics
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import AiohttpEngineClient, HandleEngineClient
@@ -61,6 +62,8 @@ class SlotTransport:
         self.clock = clock
         self.sleep = sleep
         self._gates: dict[tuple[str, int], SlotGate] = {}
+        self._discovering: set[tuple[str, int]] = set()
+        self._logged_classes: dict[str, dict[str, list[int]]] = {}
 
     # ---- ops ----------------------------------------------------------------------------
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
@@ -71,6 +74,45 @@ class SlotTransport:
 
     async def aclose(self) -> None:
         await self.engine_client.aclose()
+
+    def slot_view(self, model: str, slots: int) -> SlotView:
+        """The classes (as last reported) and load of ``model``'s slots. A slot whose class
+        is not known yet is asked in the background; until then its keys stay on it."""
+        classes: list[str | None] = []
+        load: dict[int, int] = {}
+        for slot in range(slots):
+            if (model, slot) not in self.directory.classes:
+                self._discover(model, slot)
+            classes.append(self.directory.known_class(model, slot))
+            gate = self._gates.get((model, slot))
+            load[slot] = gate.inflight + gate.waiting if gate is not None else 0
+        view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load)
+        groups = view.classes.groups
+        if len(groups) > 1 and self._logged_classes.get(model) != groups:
+            self._logged_classes[model] = groups
+            logger.warning("model %s: its slots fall into %d numerics classes %s; each key "
+                           "stays in its own slot's class (class_policy %s%s)", model,
+                           len(groups), groups, self.settings.class_policy,
+                           f": slots outside {view.classes.majority} are drained"
+                           if self.settings.class_policy == "strict" else "")
+        return view
+
+    def _discover(self, model: str, slot: int) -> None:
+        key = (model, slot)
+        if key in self._discovering:
+            return
+        self._discovering.add(key)
+
+        async def ask() -> None:
+            try:
+                await self.directory.describe(model, slot, self.settings.slot_wait_s)
+            finally:
+                self._discovering.discard(key)
+
+        try:
+            asyncio.get_running_loop().create_task(ask())
+        except RuntimeError:  # no loop (a sync caller): asked on the first request instead
+            self._discovering.discard(key)
 
     # ---- requests -----------------------------------------------------------------------
     def gate(self, info: SlotInfo) -> SlotGate:
@@ -103,7 +145,7 @@ class SlotTransport:
                 if n == len(candidates) - 1:
                     raise
                 continue
-            if slot != placement.home:
+            if slot != placement.home and not placement.within_class:
                 metrics.FAILOVERS.labels(model, str(placement.home), str(slot)).inc()
             return reply
         raise AssertionError("a placement has at least one candidate")  # pragma: no cover
@@ -115,6 +157,8 @@ class SlotTransport:
         while True:
             if self.slots.removed(model, slot):
                 raise SlotRemoved(f"slot {model}-{slot} was scaled away")
+            if state.remaining() <= 0 and self.directory.cached(model, slot) is None:
+                self._discover(model, slot)  # skipped now (a class mate answers), asked anew
             try:
                 info = await self.directory.lookup(model, slot, state.remaining())
                 async with self.gate(info):
@@ -133,7 +177,8 @@ class SlotTransport:
             else:
                 decision = state.record_reply(status)
                 if decision is Decision.RETURN:
-                    return EngineReply(status, content, info.fingerprint, slot)
+                    return EngineReply(status, content, info.fingerprint, slot,
+                                       info.numerics_class)
                 logger.warning("slot %s-%d answered %d; retrying", model, slot, status)
                 last_error = f"{status}: {content[:500]!r}"
             self.directory.forget(model, slot)

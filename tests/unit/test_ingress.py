@@ -11,7 +11,8 @@ from gateway.core.config import AppConfig
 from gateway.core.hashing import slot_for_key
 from gateway.http.app import create_app
 from gateway.core.keys import derive_seed, request_key
-from gateway.core.transport import EngineReply, SlotInfo
+from gateway.core.numerics import ModelClasses
+from gateway.core.transport import EngineReply, SlotInfo, SlotView
 from gateway.core.service import RewardGateway
 
 CONFIG = {
@@ -60,6 +61,9 @@ class FakeTransport:
 
     async def health(self, model: str, slot: int, timeout_s: float) -> str:
         return "healthy"
+
+    def slot_view(self, model: str, slots: int) -> SlotView:
+        return SlotView(ModelClasses((None,) * slots))
 
 
 @pytest.fixture
@@ -247,3 +251,44 @@ async def test_openapi_documents_the_endpoints(client):
     for p in ("/v1/chat/completions", "/v1/completions", "/classify", "/pooling", "/v1/models",
               "/health"):
         assert p in paths
+
+
+class BusyTransport(FakeTransport):
+    """Every slot in class A; the judge's slot 0 (only) is busy."""
+
+    def slot_view(self, model: str, slots: int) -> SlotView:
+        return SlotView(ModelClasses(("A",) * slots), {0: 10} if model == "judge" else {})
+
+    async def post(self, model, placement, path, body, timeout_s=300.0):
+        reply = await super().post(model, type(placement)(((placement.first, 1.0),)),
+                                   path, body, timeout_s)
+        return EngineReply(reply.status, reply.body, reply.fingerprint, reply.slot, "A")
+
+
+async def test_class_placement_moves_a_busy_slots_key_and_says_so():
+    cfg = AppConfig.model_validate({**CONFIG, "gateway": {"placement": "class"}})
+    gw = RewardGateway(cfg, BusyTransport())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
+                                 base_url="http://gw") as c:
+        moved = stayed = 0
+        for i in range(40):
+            r = await c.post("/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": f"q{i}"}]})
+            assert r.status_code == 200 and r.headers["x-rmgate-class"] == "A"
+            home = slot_for_key(int(r.headers["x-rmgate-key"], 16), 3)
+            if home == 0:
+                moved += 1
+                assert r.headers["x-rmgate-slot"] != "0"
+                assert r.headers["x-rmgate-placement"] == f"0->{r.headers['x-rmgate-slot']}:load"
+                assert "x-rmgate-failover" not in r.headers
+            else:
+                stayed += 1
+                assert r.headers["x-rmgate-slot"] == str(home)
+                assert "x-rmgate-placement" not in r.headers
+        text = (await c.get("/metrics")).text
+        models = (await c.get("/v1/models")).json()["data"]
+    assert moved and stayed
+    assert f'rmgate_placements_away_total{{model="judge",reason="load"}} {float(moved)}' in text
+    assert 'rmgate_slot_class{model="judge",numerics_class="A",slot="0"} 1.0' in text
+    judge = next(m for m in models if m["id"] == "judge")
+    assert judge["placement"] == "class" and judge["classes"] == {"A": [0, 1, 2]}

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from gateway.core.config import AppConfig
 from gateway.http.app import create_app
-from gateway.core.transport import EngineReply
+from gateway.core.numerics import ModelClasses
+from gateway.core.transport import EngineReply, SlotView
 from gateway.core.service import RewardGateway
 from tests.unit.test_ingress import CONFIG, FakeTransport
 
@@ -96,6 +97,9 @@ class EchoTransport:
 
     async def health(self, model, slot, timeout_s):
         return "unavailable"
+
+    def slot_view(self, model, slots):
+        return SlotView(ModelClasses((None,) * slots))
 
 
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/classify", "/pooling", "/v1/rewards",

@@ -218,3 +218,42 @@ def test_slot_ranking_is_a_deterministic_permutation_starting_at_the_own_slot():
             assert ranking == slot_ranking(key, n)
     # fallbacks spread: the second choice is not always the same slot
     assert len({slot_ranking(k, 4)[1] for k in range(1000)}) == 4
+
+
+async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
+    """Within a numerics class a dead slot is left at once (no wait, no sleep), and the
+    class mate's answer is not a cross-class failover."""
+    from gateway.core.placement import place_in_class
+
+    t, clock = transport(hosts=("dead", "alive1"))
+    for h in t.directory.handles["m"]:
+        h.info["numerics"] = {"class_id": "A"}
+    for slot in (0, 1):
+        await t.describe("m", slot, 5)
+    view = t.slot_view("m", 2)
+    assert view.classes.classes == ("A", "A")
+    key = next(k for k in range(10_000) if slot_for_key(k, 2) == 0)
+    placement = place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
+                               failover_after_s=5, load_bound=1.25)
+    before = metrics.FAILOVERS.labels("m", "0", "1")._value.get()
+    reply = await t.post("m", placement, "/classify", b"{}", 30)
+    assert reply.slot == 1 and reply.numerics_class == "A" and clock.slept == []
+    assert metrics.FAILOVERS.labels("m", "0", "1")._value.get() == before
+    # the dead slot keeps its class (its keys keep going to the mate), its info is forgotten
+    assert t.slot_view("m", 2).classes.classes == ("A", "A")
+    assert t.directory.cached("m", 0) is None
+
+
+async def test_slot_view_reports_load_from_the_gates():
+    t, _ = transport(hosts=("a", "b"))
+
+    async def hold(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.05)
+        return httpx.Response(200, json={})
+
+    t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(hold)))
+    tasks = [asyncio.ensure_future(t.post("m", only(1), "/x", b"{}", 30)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert t.slot_view("m", 2).load == {0: 0, 1: 3}  # one in flight, two queued
+    await asyncio.gather(*tasks)
+    assert t.slot_view("m", 2).load == {0: 0, 1: 0}

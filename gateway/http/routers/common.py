@@ -38,6 +38,8 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         model = result.model
         if result.seed_derived:
             metrics.SEEDS_DERIVED.labels(model).inc()
+        for _, _, reason in result.placements:
+            metrics.PLACED_AWAY.labels(model, reason).inc()
         response: Response = render(result)
     except RmgateError as err:
         model = err.routed.model if err.routed is not None else ""

@@ -24,6 +24,9 @@ def router() -> APIRouter:
         gateway = getattr(request.app.state, "gateway", None)
         if gateway is not None:  # the slot counts as they are now (scale events change them)
             metrics.export_slot_counts(gateway.slots.as_dict())
+            for model, n in gateway.slots.as_dict().items():
+                view = gateway.transport.slot_view(model, n)
+                metrics.export_slot_classes(model, view.classes.classes)
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 

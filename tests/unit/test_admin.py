@@ -1,0 +1,77 @@
+"""``rmgate scale`` against a fake Serve REST client: it judges only the applications it
+changes, and a failed scale rolls back to what was deployed before."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gateway.core.config import AppConfig
+from gateway.serve import topology
+from gateway.serve.admin import ServeAdmin
+
+COMPACT = {"applications": [{"name": "rmgate", "route_prefix": "/",
+                             "import_path": "gateway.app:build_app", "args": {"models": [
+    {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
+    {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2}]}}]}
+
+
+class FakeServe:
+    """Serve's REST API: deployed configs and statuses; new apps get ``new_status``."""
+
+    def __init__(self, apps: list[dict], new_status: str = "RUNNING") -> None:
+        self.apps = {a["name"]: copy.deepcopy(a) for a in apps}
+        self.status = {name: "RUNNING" for name in self.apps}
+        self.new_status = new_status
+        self.deployed: list[list[dict]] = []
+
+    def get_serve_details(self) -> dict:
+        return {"applications": {n: {"deployed_app_config": a, "status": self.status[n]}
+                                 for n, a in self.apps.items()}, "http_options": {}}
+
+    def deploy_applications(self, config: dict) -> None:
+        apps = config["applications"]
+        self.deployed.append(apps)
+        names = {a["name"] for a in apps}
+        for name in list(self.apps):
+            if name not in names:
+                del self.apps[name], self.status[name]
+        for a in apps:
+            if a["name"] not in self.apps:
+                self.status[a["name"]] = self.new_status
+            self.apps[a["name"]] = copy.deepcopy(a)
+
+
+def admin(serve: FakeServe) -> ServeAdmin:
+    a = object.__new__(ServeAdmin)
+    a.client = serve
+    return a
+
+
+def rendered() -> list[dict]:
+    return topology.render(COMPACT)["applications"]
+
+
+def test_a_fault_in_another_models_slot_does_not_block_scaling():
+    serve = FakeServe(rendered())
+    serve.status["judge-0"] = "UNHEALTHY"  # its engine is restarting after a kill
+    assert admin(serve).scale("rm", 3, timeout_s=5, log=lambda _: None) == 2
+    assert "rm-2" in serve.apps and serve.status["judge-0"] == "UNHEALTHY"
+    assert topology.slot_counts(list(serve.apps.values()))["rm"] == 3
+
+
+def test_a_failed_scale_rolls_back_and_says_so():
+    before = rendered()
+    serve = FakeServe(before, new_status="DEPLOY_FAILED")
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match="rolled back to 2 slots of rm"):
+        admin(serve).scale("rm", 3, timeout_s=5, log=lines.append)
+    assert serve.deployed[-1] == before and "rm-2" not in serve.apps
+    assert any("rolling back" in line for line in lines)
+
+
+def test_scale_rejects_zero_slots():
+    with pytest.raises(ValueError):
+        topology.scale_steps(rendered(), "rm", 0)
+    assert AppConfig  # the config module loads alone

@@ -1,0 +1,103 @@
+"""The placement policy alone (pure: no Ray, no HTTP): numerics classes, bounded load within
+a class, the key's own ranking, strict vs mixed, and the pinned behaviour it falls back to."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.hashing import slot_for_key, slot_ranking
+from gateway.core.numerics import ModelClasses, class_id
+from gateway.core.placement import bounded_choice, place, place_in_class
+
+KW = dict(failover="wait", slot_wait_s=120.0, failover_after_s=5.0, load_bound=1.25)
+
+
+def test_class_id_is_a_short_hash_of_identity_and_digest():
+    a = class_id({"dtype": "float32", "device": "cpu"}, "d1")
+    assert len(a) == 12 and a == class_id({"device": "cpu", "dtype": "float32"}, "d1")
+    assert a != class_id({"dtype": "bfloat16", "device": "cpu"}, "d1")
+    assert a != class_id({"dtype": "float32", "device": "cpu"}, "d2")
+
+
+def test_grouping_majority_and_strict_drain():
+    c = ModelClasses(("A", "A", "B", None))
+    assert c.groups == {"A": [0, 1], "B": [2]} and c.majority == "A"
+    assert c.drained(2) and not c.drained(0) and not c.drained(3)
+    assert "majority class A" in c.drain_reason(2)
+    assert c.mates(0) == [0, 1] and c.mates(2) == [0, 1] and c.mates(3) == [3]
+    mixed = ModelClasses(("A", "A", "B", None), "mixed")
+    assert not mixed.drained(2) and mixed.mates(2) == [2]
+
+
+@pytest.mark.parametrize("key", range(0, 2**32, 2**32 // 97))
+def test_an_idle_gateway_places_every_key_on_its_own_slot(key):
+    classes = ModelClasses(("A",) * 4)
+    p = place_in_class(key, classes, {s: 0 for s in range(4)}, **KW)
+    assert p.first == p.home == slot_for_key(key, 4) and p.reason == "preferred"
+    # every class mate follows, in the key's own ranking; the last waits the full budget
+    assert [s for s, _ in p.candidates] == slot_ranking(key, 4)
+    assert [w for _, w in p.candidates] == [0.0, 0.0, 0.0, 120.0]
+    assert p.within_class and p.numerics_class == "A"
+
+
+def test_a_loaded_own_slot_gives_its_key_to_the_next_class_mate_in_ranking():
+    key = 12345
+    ranking = slot_ranking(key, 3)
+    load = {ranking[0]: 10, ranking[1]: 0, ranking[2]: 0}
+    p = place_in_class(key, ModelClasses(("A",) * 3), load, **KW)
+    assert p.first == ranking[1] and p.reason == "load" and p.home == ranking[0]
+
+
+def test_bounded_choice_is_the_least_loaded_when_every_member_is_full():
+    assert bounded_choice([2, 0, 1], {2: 9, 0: 9, 1: 9}, 1.0) == 2  # tie: ranking order
+    assert bounded_choice([2, 0, 1], {2: 3, 0: 1, 1: 2}, 1.0) == 0  # capacity ceil(7/3) = 3
+    assert bounded_choice([2, 0, 1], {2: 1, 0: 1, 1: 0}, 1.25) == 2  # capacity ceil(1.25) = 2
+    assert bounded_choice([2, 0, 1], {2: 1, 0: 0, 1: 0}, 1.25) == 0  # capacity 1: move on
+
+
+def test_keys_never_leave_their_own_slots_class():
+    classes = ModelClasses(("A", "B", "A", "B"), "mixed")
+    for key in range(0, 2**32, 2**32 // 500):
+        home = slot_for_key(key, 4)
+        p = place_in_class(key, classes, {0: 50, 1: 50, 2: 0, 3: 0}, **KW)
+        assert {classes.classes[s] for s, _ in p.candidates} == {classes.classes[home]}
+
+
+def test_strict_sends_a_drained_slots_keys_to_the_majority_class():
+    classes = ModelClasses(("A", "A", "B"))
+    keys = [k for k in range(0, 2**32, 2**32 // 300) if slot_for_key(k, 3) == 2]
+    assert keys
+    for key in keys:
+        p = place_in_class(key, classes, {}, **KW)
+        assert p.reason == "drained" and {s for s, _ in p.candidates} == {0, 1}
+        assert p.numerics_class == "A"
+
+
+def test_unknown_or_lonely_classes_fall_back_to_pinned():
+    key = 777
+    home = slot_for_key(key, 2)
+    for classes in (ModelClasses((None, None)), ModelClasses(("A", "B"), "mixed")):
+        p = place_in_class(key, classes, {home: 100}, **KW)
+        assert p.candidates == ((home, 120.0),) and not p.within_class
+    nxt = place_in_class(key, ModelClasses((None, None)), {}, **{**KW, "failover": "next_slot"})
+    assert nxt.candidates == place(key, 2, "next_slot", 120.0, 5.0).candidates
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 20), min_size=2, max_size=8),
+       st.floats(1.0, 3.0))
+def test_bounded_load_properties(key, loads, c):
+    n = len(loads)
+    load = dict(enumerate(loads))
+    p = place_in_class(key, ModelClasses(("A",) * n), load, **{**KW, "load_bound": c})
+    members = [s for s, _ in p.candidates]
+    assert sorted(members) == list(range(n))           # every mate, once
+    total = sum(loads)
+    capacity = max(1, -(-int(c * (total + 1) * 1e9) // int(n * 1e9)))  # ceil without floats
+    under = [s for s in slot_ranking(key, n) if load[s] < capacity]
+    if under:  # the first mate under the bound, in the key's own ranking
+        assert p.first == under[0]
+    else:
+        assert load[p.first] == min(loads)
