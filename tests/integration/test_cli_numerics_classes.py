@@ -4,7 +4,7 @@ vLLM CPU engines.
 Runs before the session's gateway starts (file order: ``test_cli_*``), with its own gateway:
 the judge and the DisRM with two slots each, each slot's engine on its own core
 (``cpu_cores_per_slot: 1``). Shows that the two slots of a model form one class (equal
-identity and probe digest), that with slot 0 made slow (busy processes on its core) the
+identity and probe digest), that with slot 0 made slow (its engine stopped 80 % of the time) the
 keys of slot 0 are answered by slot 1 under load without a single differing answer, and
 that a killed engine's keys go to its class mate at once instead of waiting for a restart.
 """
@@ -15,9 +15,9 @@ import asyncio
 import os
 import random
 import signal
-import subprocess
-import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -58,9 +58,35 @@ def classes_gateway(demo_models, tmp_path_factory):
         yield url, engines
 
 
-def _spinners(core: int, n: int) -> list[subprocess.Popen]:
-    code = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
-    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+@contextmanager
+def slowed(pgids: list[int], stopped_s: float = 0.08, running_s: float = 0.02):
+    """Make engines really slow, whatever the scheduler does: their whole process groups
+    are stopped 80 % of the time (SIGSTOP/SIGCONT), and always continued at the end."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            for pgid in pgids:
+                os.killpg(pgid, signal.SIGSTOP)
+            time.sleep(stopped_s)
+            for pgid in pgids:
+                os.killpg(pgid, signal.SIGCONT)
+            time.sleep(running_s)
+
+    worker = threading.Thread(target=cycle, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        worker.join()
+        for pgid in pgids:
+            os.killpg(pgid, signal.SIGCONT)
+
+
+def _engine_group(engines: Path, slot_app: str) -> int:
+    port = int(sorted(engines.glob(f"{slot_app}-*.log"))[-1].stem.rsplit("-", 1)[1])
+    return engine_launcher_pid(port)  # the launcher leads the engine's process group
 
 
 async def _replay(url: str, calls, order: list[int], concurrency: int) -> dict[int, tuple]:
@@ -99,23 +125,18 @@ def test_the_slots_of_a_model_form_one_class(classes_gateway):
 
 
 def test_a_slow_slots_keys_are_answered_by_its_class_mate_with_the_same_bits(classes_gateway):
-    url, _ = classes_gateway
+    url, engines = classes_gateway
     calls = grm_calls(60, model="judge", seed=5, max_tokens=8) + disrm_calls(120, model="rm",
                                                                              seed=6)
     calls = [c for c in calls if not isinstance(c.body.get("input"), list)]  # one key each
     reference = asyncio.run(_replay(url, calls, list(range(len(calls))), 1))
     assert all(r[0] == 200 for r in reference.values())
-    spinners = _spinners(0, 2)  # slot 0 of each model shares core 0 with two busy loops
-    try:
-        runs = []
+    runs = []
+    with slowed([_engine_group(engines, "judge-0"), _engine_group(engines, "rm-0")]):
         for seed in (1, 2):
             order = list(range(len(calls)))
             random.Random(seed).shuffle(order)
             runs.append(asyncio.run(_replay(url, calls, order, 32)))
-    finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
     differing = sum(run[i][1] != reference[i][1] for run in runs for i in reference)
     assert differing == 0
     slow = [(run[i], calls[i]) for run in runs for i in reference
@@ -133,12 +154,12 @@ def test_a_killed_engines_keys_go_to_its_class_mate_at_once(classes_gateway):
     calls = [c for c in calls if not isinstance(c.body.get("input"), list)]
     order = list(range(len(calls)))
     reference = asyncio.run(_replay(url, calls, order, 4))
-    port = int(sorted(engines.glob("rm-0-*.log"))[-1].stem.rsplit("-", 1)[1])
+    group = _engine_group(engines, "rm-0")
 
     async def under_load() -> dict[int, tuple]:
         async def kill() -> None:
             await asyncio.sleep(1.0)
-            os.killpg(engine_launcher_pid(port), signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
         killer = asyncio.ensure_future(kill())
         out = await _replay(url, calls, order, 4)
         await killer
