@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping
 
 ClassPolicy = Literal["strict", "mixed"]
@@ -55,8 +56,10 @@ class ModelClasses:
 
     classes: tuple[str | None, ...]
     policy: ClassPolicy = "strict"
+    # ``majority`` and ``groups`` are computed once per view (cached_property): placement
+    # asks ``drained`` of every slot for every engine request.
 
-    @property
+    @cached_property
     def majority(self) -> str | None:
         known = [c for c in self.classes if c is not None and not c.startswith(DRIFT_PREFIX)]
         if not known:
@@ -65,7 +68,7 @@ class ModelClasses:
         top = max(counts.values())
         return next(c for c in known if counts[c] == top)
 
-    @property
+    @cached_property
     def groups(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for slot, cls in enumerate(self.classes):

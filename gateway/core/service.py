@@ -35,7 +35,6 @@ MAX_REROUTES = 4
 
 GENERATE_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest,
                       "/v1/completions": CompletionRequest}
-POOLING_ENDPOINTS = {"/classify": "probs", "/pooling": "data"}
 
 
 class RewardGateway:

@@ -7,7 +7,7 @@ import time
 from typing import Awaitable, Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway.core.errors import RmgateError
 from gateway.core.results import GatewayResult
@@ -46,7 +46,3 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         response = error_response(err)
     metrics.record_request(model, endpoint, response.status_code, time.monotonic() - start)
     return response
-
-
-def json_response(data: object) -> JSONResponse:
-    return JSONResponse(data)
