@@ -96,6 +96,13 @@ def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
         time.sleep(0.5)
 
 
+def metric_total(url: str, name: str) -> float:
+    """The sum over every label set of one Prometheus counter or gauge on ``url/metrics``."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{"))
+
+
 def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
                        headers: dict[str, str] | None = None) -> None:
     """Until every slot of every model reports a fingerprint (its engine is up)."""

@@ -34,7 +34,7 @@ KERNEL_ENV_PREFIXES = ("VLLM_", "NCCL_", "CUBLAS", "TORCH_", "OMP_", "MKL_", "CU
 NON_NUMERIC_ENV = frozenset({"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
                              "VLLM_CACHE_ROOT", "VLLM_NO_USAGE_STATS", "VLLM_LOGGING_LEVEL",
                              "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR",
-                             "VLLM_CPU_SGL_KERNEL"})
+                             "VLLM_CPU_SGL_KERNEL", "VLLM_SERVER_DEV_MODE"})
 CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
              "amx_tile", "amx_bf16", "amx_int8")
 

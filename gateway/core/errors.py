@@ -182,6 +182,14 @@ class SlotRemoved(SlotUnavailable):
     code, retry_after = "slot_removed", "1"
 
 
+class SlotClassChanged(SlotRemoved):
+    """A slot the placement chose now reports another numerics class (it restarted with
+    other numerics, or the canary drained it): answering there could change bits, so the
+    core places the request again under the slots' current classes."""
+
+    code = "slot_class_changed"
+
+
 class Rescaling(SlotUnavailable):
     """A request kept landing on slots that scaling removed under it."""
 

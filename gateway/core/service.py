@@ -88,14 +88,15 @@ class RewardGateway:
     async def _post_key(self, spec: ModelSpec, key: int, path: str, body: bytes,
                         timeout_s: float) -> tuple[Route, EngineReply]:
         """Send to the key's placement; when a scale-down removes the slot under the
-        request, place it again under the new count (same bits: homogeneous replicas)."""
+        request, place it again under the new count (same bits: homogeneous replicas), and
+        when a chosen class mate turned out to be of another class now, place it again
+        under the slots' current classes."""
         for _ in range(MAX_REROUTES):
             placement = self.placement(spec, key)
             try:
                 reply = await self.transport.post(spec.name, placement, path, body, timeout_s)
-            except SlotRemoved:
-                logger.info("slot %s-%d was scaled away; routing %s again", spec.name,
-                            placement.home, key_hex(key))
+            except SlotRemoved as exc:
+                logger.info("%s; routing %s again", exc, key_hex(key))
                 continue
             reason = None
             if placement.within_class and reply.slot != placement.home:

@@ -30,6 +30,7 @@ from gateway.core.numerics import DRIFT_PREFIX, probe_digest_of
 from gateway.core.placement import Placement
 from gateway.core.slots import SlotTable
 from gateway.observability import metrics
+from gateway.transport.directory import engine_of
 from gateway.transport.slot_transport import SlotTransport
 
 logger = logging.getLogger("rmgate")
@@ -42,7 +43,8 @@ class CanaryVerdict:
     slot: int
     expected: str | None
     observed: str | None
-    #: ``match``, ``drift``, ``readmitted``, ``unreachable`` or ``unknown`` (no digest).
+    #: ``match``, ``drift``, ``readmitted``, ``unreachable``, ``restarted`` (another engine
+    #: answered than the one described) or ``unknown`` (no digest).
     outcome: str
 
 
@@ -78,6 +80,14 @@ class Canary:
             logger.warning("canary: slot %s-%d not judged: %s", model, slot, exc)
             return CanaryVerdict(model, slot, expected, None, "unreachable")
         observed = probe_digest_of(answers)
+        now = self.transport.directory.cached(model, slot)
+        if now is None or engine_of(now) != engine_of(info):
+            # The slot restarted during the check: the answers may be the new engine's,
+            # the expected digest the old one's. Not judged; the new engine reported its
+            # own digest at start-up and is checked on the next pass.
+            logger.info("canary: slot %s-%d restarted during its check; not judged", model,
+                        slot)
+            return CanaryVerdict(model, slot, expected, None, "restarted")
         current = self.transport.directory.known_class(model, slot)
         if observed != expected:
             drifted = DRIFT_PREFIX + observed[:12]

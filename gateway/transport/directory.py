@@ -25,6 +25,10 @@ class SlotDirectory:
         #: The numerics class each slot last reported. Kept when the slot fails (a dead
         #: slot's keys then go to its class mates) and replaced when it reports again.
         self.classes: dict[tuple[str, int], str | None] = {}
+        #: Canary verdicts (a drift class) per slot, with the engine they were made about:
+        #: kept when the slot's info is asked again from the same engine, dropped when the
+        #: slot comes back with another engine (a restart is judged afresh).
+        self._verdicts: dict[tuple[str, int], tuple[Any, str | None]] = {}
 
     def cached(self, model: str, slot: int) -> SlotInfo | None:
         if self.slots.removed(model, slot):
@@ -49,15 +53,24 @@ class SlotDirectory:
             raise EngineUnreachable(f"slot {model}-{slot}: its replica did not answer "
                                     f"({type(exc).__name__}: {exc})") from exc
         info = self._info[(model, slot)] = SlotInfo.from_endpoint(model, slot, raw)
-        self.classes[(model, slot)] = info.numerics_class
+        verdict = self._verdicts.get((model, slot))
+        if verdict is not None and verdict[0] == engine_of(info):
+            self.classes[(model, slot)] = verdict[1]
+        else:
+            self._verdicts.pop((model, slot), None)
+            self.classes[(model, slot)] = info.numerics_class
         return info
 
     def known_class(self, model: str, slot: int) -> str | None:
         return self.classes.get((model, slot))
 
     def set_class(self, model: str, slot: int, numerics_class: str | None) -> None:
-        """The canary's verdict: a drifted slot gets a class of its own until it matches."""
+        """The canary's verdict: a drifted slot gets a class of its own until it matches.
+        The verdict holds for the engine it was made about (see ``lookup``)."""
         self.classes[(model, slot)] = numerics_class
+        info = self._info.get((model, slot))
+        if info is not None:
+            self._verdicts[(model, slot)] = (engine_of(info), numerics_class)
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
         try:
@@ -73,3 +86,8 @@ class SlotDirectory:
         except Exception:  # noqa: BLE001 - any failure means not serving now
             return "unavailable"
         return "healthy"
+
+
+def engine_of(info: SlotInfo) -> Any:
+    """Which engine process a slot's info describes (a restart gives another one)."""
+    return (info.raw.get("engine_pid"), info.url)

@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from gateway.core.config import GatewaySettings
 from gateway.core.numerics import ModelClasses
-from gateway.core.errors import EngineFailed, EngineTimeout, SlotRemoved, SlotUnavailable
+from gateway.core.errors import (EngineFailed, EngineTimeout, SlotClassChanged, SlotRemoved,
+                                 SlotUnavailable)
 from gateway.core.placement import Placement
 from gateway.core.retry import Decision, RetryConfig, RetryState
 from gateway.core.slots import SlotTable
@@ -138,7 +139,9 @@ class SlotTransport:
         candidates = placement.candidates
         for n, (slot, wait_s) in enumerate(candidates):
             try:
-                reply = await self._post_slot(model, slot, path, body, wait_s, timeout_s)
+                reply = await self._post_slot(model, slot, path, body, wait_s, timeout_s,
+                                              placement.numerics_class
+                                              if placement.within_class else None)
             except SlotRemoved:
                 raise
             except SlotUnavailable:
@@ -151,7 +154,7 @@ class SlotTransport:
         raise AssertionError("a placement has at least one candidate")  # pragma: no cover
 
     async def _post_slot(self, model: str, slot: int, path: str, body: bytes, wait_s: float,
-                         timeout_s: float) -> EngineReply:
+                         timeout_s: float, expected_class: str | None = None) -> EngineReply:
         state = RetryState(self.retry, wait_s, self.clock)
         labels = (model, str(slot))
         while True:
@@ -161,6 +164,12 @@ class SlotTransport:
                 self._discover(model, slot)  # skipped now (a class mate answers), asked anew
             try:
                 info = await self.directory.lookup(model, slot, state.remaining())
+                if expected_class is not None and \
+                        self.directory.known_class(model, slot) != expected_class:
+                    # Placed while the slot was a class mate; it is not one now.
+                    raise SlotClassChanged(
+                        f"slot {model}-{slot} is now of class "
+                        f"{self.directory.known_class(model, slot)}, not {expected_class}")
                 async with self.gate(info):
                     start = self.clock()
                     status, content = await self.engine_client.post(info, path, body, timeout_s)

@@ -3,18 +3,31 @@ vLLM CPU engines.
 
 Runs before the session's gateway starts (file order: ``test_cli_*``), with its own gateway:
 the judge and the DisRM with two slots each, each slot's engine on its own core
-(``cpu_cores_per_slot: 1``). Shows that the two slots of a model form one class (equal
-identity and probe digest), that with slot 0 made slow (its engine stopped 90 % of the time) the
-keys of slot 0 are answered by slot 1 under load without a single differing answer, and
-that a killed engine's keys go to its class mate at once instead of waiting for a restart.
+(``cpu_cores_per_slot: 1``), the canary every few seconds. In order, on the one gateway:
+
+1. the two slots of a model form one class (equal identity and probe digest);
+2. with slot 0 made slow (its engine stopped 90 % of the time) the keys of slot 0 are
+   answered by slot 1 under load without a single differing answer;
+3. a killed engine's keys go to its class mate at once instead of waiting for a restart;
+4. while that engine restarts (a fault in ``rm``), ``rmgate scale judge`` 2 -> 1 -> 2 works;
+5. the canary drains a slot whose weights are swapped under it (vLLM's ``/collective_rpc
+   reload_weights``, a real engine feature) and re-admits it when they are put back; its
+   keys keep their bits meanwhile;
+6. a slot restarted with another dtype under the same name is another class, drained under
+   ``strict``; the same bodies sent to it give other answers (the negative control: the
+   class boundary is what keeps the bits).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import copy
 import random
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -24,7 +37,8 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import engine_launcher_pid, running_gateway
+from benchmarks.harness import (dashboard_address, engine_launcher_pid, metric_total,
+                                running_gateway)
 from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.answers import answer_of
 from gateway.core.hashing import slot_for_key
@@ -32,6 +46,9 @@ from gateway.core.hashing import slot_for_key
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+#: The canary's interval here: short, so that a drift is seen within seconds.
+CANARY_S = 4.0
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
 
 
@@ -40,12 +57,14 @@ def config(models_dir: Path) -> dict:
               "cpu_cores_per_slot": 1}
     return {"applications": [{"name": "rmgate", "route_prefix": "/",
                               "import_path": "gateway.app:build_app", "args": {
-        "gateway": {"placement": "class", "load_bound": 1.0, "slot_wait_s": 180},
+        "gateway": {"placement": "class", "load_bound": 1.0, "slot_wait_s": 180,
+                    "canary_interval_s": CANARY_S},
         "models": [
             {"name": "judge", "kind": "generative", "model_path": str(models_dir / "grm"),
              "sampling_defaults": {"temperature": 1.0, "max_tokens": 8}, **common},
+            # dev mode: the engine's /collective_rpc, to swap its weights under it (test 5)
             {"name": "rm", "kind": "discriminative", "model_path": str(models_dir / "disrm"),
-             **common},
+             "engine_env": {"VLLM_SERVER_DEV_MODE": "1"}, **common},
         ]}}]}
 
 
@@ -55,7 +74,7 @@ def classes_gateway(demo_models, tmp_path_factory):
     path = work / "classes.yaml"
     path.write_text(yaml.safe_dump(config(demo_models)))
     with running_gateway(path, work) as (url, engines):
-        yield url, engines
+        yield url, engines, work
 
 
 @contextmanager
@@ -84,9 +103,14 @@ def slowed(pgids: list[int], stopped_s: float = 0.09, running_s: float = 0.01):
             os.killpg(pgid, signal.SIGCONT)
 
 
+def _engine_port(engines: Path, slot_app: str) -> int:
+    """The port of the slot's newest engine (its log is ``<slot app>-<port>.log``)."""
+    newest = max(engines.glob(f"{slot_app}-*.log"), key=lambda p: p.stat().st_mtime)
+    return int(newest.stem.rsplit("-", 1)[1])
+
+
 def _engine_group(engines: Path, slot_app: str) -> int:
-    port = int(sorted(engines.glob(f"{slot_app}-*.log"))[-1].stem.rsplit("-", 1)[1])
-    return engine_launcher_pid(port)  # the launcher leads the engine's process group
+    return engine_launcher_pid(_engine_port(engines, slot_app))  # it leads the group
 
 
 async def _replay(url: str, calls, order: list[int], concurrency: int) -> dict[int, tuple]:
@@ -109,7 +133,7 @@ async def _replay(url: str, calls, order: list[int], concurrency: int) -> dict[i
 
 
 def test_the_slots_of_a_model_form_one_class(classes_gateway):
-    url, _ = classes_gateway
+    url, _, _ = classes_gateway
     models = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
     for name in ("judge", "rm"):
         card = models[name]
@@ -125,7 +149,7 @@ def test_the_slots_of_a_model_form_one_class(classes_gateway):
 
 
 def test_a_slow_slots_keys_are_answered_by_its_class_mate_with_the_same_bits(classes_gateway):
-    url, engines = classes_gateway
+    url, engines, _ = classes_gateway
     calls = grm_calls(60, model="judge", seed=5, max_tokens=8) + disrm_calls(120, model="rm",
                                                                              seed=6)
     calls = [c for c in calls if not isinstance(c.body.get("input"), list)]  # one key each
@@ -151,7 +175,7 @@ def test_a_slow_slots_keys_are_answered_by_its_class_mate_with_the_same_bits(cla
 
 
 def test_a_killed_engines_keys_go_to_its_class_mate_at_once(classes_gateway):
-    url, engines = classes_gateway
+    url, engines, _ = classes_gateway
     calls = disrm_calls(300, model="rm", seed=11)
     calls = [c for c in calls if not isinstance(c.body.get("input"), list)]
     order = list(range(len(calls)))
@@ -180,3 +204,152 @@ def test_a_killed_engines_keys_go_to_its_class_mate_at_once(classes_gateway):
           f"rm-1; slowest request of a slot-0 key {worst:.2f} s; the {len(order)} requests "
           f"took {took:.1f} s")
     assert away and worst < 15.0  # a restart takes ~40-50 s on this machine
+
+
+def _card(url: str, model: str) -> dict:
+    cards = httpx.get(url + "/v1/models", timeout=60).json()["data"]
+    return next(c for c in cards if c["id"] == model)
+
+
+def _wait(what: str, check, timeout_s: float = 240.0, poke=None) -> None:
+    """Poll ``check()`` until it holds (``poke()`` between polls, e.g. a request that makes
+    the gateway look at a slot again)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not in {timeout_s:.0f} s: {what}"
+        if poke is not None:
+            poke()
+        time.sleep(1.0)
+
+
+def _single_key_disrm(n: int, seed: int):
+    return [c for c in disrm_calls(n, model="rm", seed=seed)
+            if not isinstance(c.body.get("input"), list)]
+
+
+def _direct(port: int, calls) -> list[str]:
+    """The canonical answers of one engine reached directly (no gateway, no placement)."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+        return [answer_of(call.path, c.post(call.path, json=call.body).json()).canonical
+                for call in calls]
+
+
+def _admin(work: Path):
+    from gateway.serve.admin import ServeAdmin
+    return ServeAdmin(dashboard_address(work / "serve.log"))
+
+
+def test_scaling_one_model_works_while_another_models_engine_restarts(classes_gateway):
+    """The fault the issue measured: ``rmgate scale`` used to judge every application and
+    failed on another model's restarting slot. Now it judges only what it changes."""
+    url, engines, work = classes_gateway
+    admin = _admin(work)
+    _wait("rm-0 healthy again", lambda: _card(url, "rm")["health"] == ["healthy"] * 2)
+    os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
+    _wait("rm-0 seen failing by Serve", lambda: admin.statuses().get("rm-0") != "RUNNING",
+          timeout_s=60)
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    address = dashboard_address(work / "serve.log")
+    statuses = {}
+    for n in (1, 2):
+        out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", str(n), "--address",
+                              address], cwd=REPO, capture_output=True, text=True, timeout=600,
+                             env=env)
+        statuses[n] = admin.statuses().get("rm-0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert _card(url, "judge")["slots"] == n
+    print(f"\nrmgate scale judge 2 -> 1 -> 2 while rm-0 restarted (rm-0 was {statuses})")
+    assert statuses[1] != "RUNNING", "the fault was over before the scale: not a test"
+    body = {"model": "judge", "messages": [{"role": "user", "content": "hi"}], "seed": 3,
+            "max_tokens": 4}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=300).status_code == 200
+
+
+def test_the_canary_drains_a_slot_whose_weights_change_under_it(classes_gateway, demo_models,
+                                                                tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    url, engines, _ = classes_gateway
+    _wait("rm healthy, one class", lambda: (lambda c: c["health"] == ["healthy"] * 2
+                                            and not c["drained"])(_card(url, "rm")))
+    calls = _single_key_disrm(160, seed=21)
+    order = list(range(len(calls)))
+    reference = asyncio.run(_replay(url, calls, order, 4))
+    # Other weights of the same shapes (the score head scaled by 1.01): what an engine that
+    # was handed the wrong checkpoint by a weight sync would serve.
+    other = tmp_path / "disrm-other"
+    shutil.copytree(demo_models / "disrm", other)
+    weights = load_file(other / "model.safetensors")
+    weights["score.weight"] = weights["score.weight"] * 1.01
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    port1, port0 = _engine_port(engines, "rm-1"), _engine_port(engines, "rm-0")
+
+    def reload(path: Path) -> None:
+        r = httpx.post(f"http://127.0.0.1:{port1}/collective_rpc", timeout=120,
+                       json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+        assert r.status_code == 200, r.text
+
+    drift_before = metric_total(url, "rmgate_canary_drift_total")
+    reload(other)
+    try:
+        sample = calls[:20]
+        assert _direct(port1, sample) != _direct(port0, sample)  # the swap changes answers
+        _wait("the canary drains rm-1", lambda: "1" in _card(url, "rm")["drained"],
+              timeout_s=20 * CANARY_S)
+        assert "canary" in _card(url, "rm")["drained"]["1"]
+        assert metric_total(url, "rmgate_canary_drift_total") > drift_before
+        shuffled = order[:]
+        random.Random(3).shuffle(shuffled)
+        during = asyncio.run(_replay(url, calls, shuffled, 8))
+        assert all(during[i][:2] == reference[i][:2] for i in order)  # 0 lost, 0 changed
+        homed = [during[i] for i in order if slot_for_key(during[i][5], 2) == 1]
+        assert homed and all(r[2] == "0" and r[3].startswith("1->0:drained") for r in homed)
+    finally:
+        reload(demo_models / "disrm")
+    _wait("the canary re-admits rm-1", lambda: not _card(url, "rm")["drained"],
+          timeout_s=20 * CANARY_S)
+    after = asyncio.run(_replay(url, calls, order, 1))
+    assert all(after[i][:2] == reference[i][:2] for i in order)
+    assert {after[i][2] for i in order} == {"0", "1"}  # idle again: each key on its own slot
+    print(f"\ncanary: rm-1 drained after its weights changed, {len(homed)} of its keys' "
+          "requests answered by rm-0 with unchanged bits, re-admitted after the swap back")
+
+
+def test_a_slot_restarted_with_another_dtype_is_another_class(classes_gateway):
+    """The negative control of the class boundary: the same bodies on the two classes'
+    engines differ, and the gateway keeps every key on the majority class."""
+    url, engines, work = classes_gateway
+    calls = _single_key_disrm(160, seed=31)
+    order = list(range(len(calls)))
+    reference = asyncio.run(_replay(url, calls, order, 4))
+    admin = _admin(work)
+    apps = admin.applications()
+    changed = copy.deepcopy(apps)
+    spec = next(a for a in changed if a["name"] == "rm-1")["args"]["spec"]
+    spec["engine_args"] = {**spec["engine_args"], "dtype": "bfloat16"}
+    old_port = _engine_port(engines, "rm-1")
+    admin.apply(changed, 600, current=apps)
+
+    def classes_seen() -> bool:
+        card = _card(url, "rm")
+        return card["health"] == ["healthy"] * 2 and "1" in card["drained"]
+
+    _wait("rm-1 back as another class", classes_seen, timeout_s=300,
+          poke=lambda: asyncio.run(_replay(url, calls[:8], list(range(8)), 8)))
+    card = _card(url, "rm")
+    assert card["numerics_classes"][0] != card["numerics_classes"][1]
+    assert card["numerics"][1]["identity"]["dtype"] == "bfloat16"
+    assert "majority" in card["drained"]["1"]
+    shuffled = order[:]
+    random.Random(4).shuffle(shuffled)
+    during = asyncio.run(_replay(url, calls, shuffled, 8))
+    assert all(during[i][:2] == reference[i][:2] for i in order)
+    assert all(during[i][2] == "0" for i in order)
+    new_port = _engine_port(engines, "rm-1")
+    assert new_port != old_port
+    forced = sum(a != b for a, b in zip(_direct(new_port, calls), _direct(
+        _engine_port(engines, "rm-0"), calls)))
+    print(f"\nrm-1 restarted in bfloat16: class {card['numerics_classes'][1]} vs "
+          f"{card['numerics_classes'][0]}, drained; the same {len(calls)} bodies on the two "
+          f"engines directly: {forced} differ; through rmgate: 0 differ")
+    assert forced >= 1

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import dashboard_address
+from benchmarks.harness import dashboard_address, metric_total
 from gateway.core.hashing import slot_for_key
 from tests.integration.conftest import REPO, TEST_CONFIG
 
@@ -103,12 +103,6 @@ def run_under_load(url: str, cmd: list[str], timeout_s: float,
     return load, out.stdout
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{"))
-
-
 def slots_of(url: str, model: str) -> int:
     cards = httpx.get(url + "/v1/models", timeout=60).json()["data"]
     return next(c for c in cards if c["id"] == model)["slots"]
@@ -120,7 +114,7 @@ async def test_scale_rm_2_3_2_under_load(gateway, tmp_path):
     base = await classify_all(url, TEXTS)
     assert {slot for _, slot, _ in base.values()} == {0, 1}
     logs_before = {s: engine_logs(f"rm-{s}") for s in (0, 1)}
-    requests_before = metric(url, "rmgate_requests_total")
+    requests_before = metric_total(url, "rmgate_requests_total")
     scaled_up = False
     try:
         # 2 -> 3 with the convenience command, while 4 clients keep sending
@@ -157,7 +151,7 @@ async def test_scale_rm_2_3_2_under_load(gateway, tmp_path):
         assert all(down[t][2] == base[t][2] for t in TEXTS)
         # neither surviving engine nor the ingress restarted (its counters only grew)
         assert {s: engine_logs(f"rm-{s}") for s in (0, 1)} == logs_before
-        assert metric(url, "rmgate_requests_total") > requests_before
+        assert metric_total(url, "rmgate_requests_total") > requests_before
     finally:
         if scaled_up or slots_of(url, "rm") != 2:  # leave the session gateway as we found it
             subprocess.run([str(BIN / "rmgate"), "scale", "rm", "2", "--address", address],

@@ -79,3 +79,31 @@ async def test_strict_drains_a_drifted_slot_among_three():
     classes = t.slot_view("m", 3).classes
     assert classes.drained(2) and "canary" in classes.drain_reason(2)
     assert classes.mates(2) == [0, 1]
+
+
+async def test_a_slot_that_restarts_during_its_check_is_not_judged():
+    """Probes answered by a restarted engine (other numerics) must not be held against the
+    digest the old engine reported: that is the new engine's start-up business."""
+    scales = {"a": 1.0, "b": 1.0, "b2": 2.0}
+    digest = probe_digest("http://a", "discriminative", "m", transport=engine(scales))
+    clock = FakeClock()
+    handles = {"m": [FakeHandle("http://a"), FakeHandle("http://b")]}
+    for pid, h in enumerate(handles["m"]):
+        h.info.update(numerics={"class_id": "A", "probe_digest": digest}, engine_pid=pid)
+    slots = SlotTable({"m": 2})
+
+    def restarting(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "b":  # the old engine is gone; the replica now reports b2
+            handles["m"][1].info.update(url="http://b2", engine_pid=7,
+                                        numerics={"class_id": "B", "probe_digest": "x"})
+            raise httpx.ConnectError("refused")
+        return engine(scales).handler(request)
+
+    t = SlotTransport(handles, GatewaySettings(), slots, clock=clock, sleep=clock.sleep,
+                      engine_client=HttpxEngineClient(httpx.AsyncClient(
+                          transport=httpx.MockTransport(restarting))))
+    canary = Canary(CFG, t, slots)
+    await t.describe("m", 1, 5)  # the old engine, cached
+    verdict = await canary.check("m", 1)
+    assert verdict.outcome == "restarted"
+    assert t.directory.known_class("m", 1) == "B"  # its own report, no drift verdict

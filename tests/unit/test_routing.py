@@ -257,3 +257,50 @@ async def test_slot_view_reports_load_from_the_gates():
     assert t.slot_view("m", 2).load == {0: 0, 1: 3}  # one in flight, two queued
     await asyncio.gather(*tasks)
     assert t.slot_view("m", 2).load == {0: 0, 1: 0}
+
+
+async def test_a_class_mate_that_restarted_with_other_numerics_is_not_answered_on():
+    """Placed while slot 1 was a class mate; slot 1 then comes back of another class (a
+    restart with other flags). The transport must not answer there: the request is handed
+    back to be placed again, and the slots' classes now say why."""
+    from gateway.core.errors import SlotClassChanged
+    from gateway.core.placement import place_in_class
+
+    t, _ = transport(hosts=("alive1", "alive2"))
+    for h in t.directory.handles["m"]:
+        h.info["numerics"] = {"class_id": "A"}
+        h.info["engine_pid"] = 1
+    for slot in (0, 1):
+        await t.describe("m", slot, 5)
+    key = next(k for k in range(10_000) if slot_for_key(k, 2) == 1)
+    # slot 1 as the class's last candidate: the one that waits for its slot to come back
+    placement = Placement(((1, 120.0),), home=1, numerics_class="A", within_class=True)
+    t.directory.handles["m"][1].info.update(numerics={"class_id": "B"}, engine_pid=2)
+    t.directory.forget("m", 1)  # what a failed call does when the replica restarts
+    with pytest.raises(SlotClassChanged) as err:
+        await t.post("m", placement, "/classify", b"{}", 30)
+    assert isinstance(err.value, SlotRemoved)  # the core places it again (service loop)
+    again = t.slot_view("m", 2)
+    assert again.classes.classes == ("A", "B") and again.classes.drained(1)
+    replaced = place_in_class(key, again.classes, again.load, failover="wait",
+                              slot_wait_s=120, failover_after_s=5, load_bound=1.25)
+    assert replaced.candidates == ((0, 120.0),) and replaced.reason == "drained"
+    assert (await t.post("m", replaced, "/classify", b"{}", 30)).slot == 0
+    # the negative control: a pinned placement (no class) still answers on slot 1
+    assert (await t.post("m", only(1), "/classify", b"{}", 30)).slot == 1
+
+
+async def test_a_canary_verdict_holds_for_its_engine_and_not_after_a_restart():
+    t, _ = transport(hosts=("alive1", "alive2"))
+    for h in t.directory.handles["m"]:
+        h.info.update(numerics={"class_id": "A"}, engine_pid=1)
+    for slot in (0, 1):
+        await t.describe("m", slot, 5)
+    t.directory.set_class("m", 1, "drift-abc")
+    t.directory.forget("m", 1)  # a hiccup: asked again, same engine
+    await t.describe("m", 1, 5)
+    assert t.directory.known_class("m", 1) == "drift-abc"
+    t.directory.handles["m"][1].info.update(engine_pid=2)  # restarted: judged afresh
+    t.directory.forget("m", 1)
+    await t.describe("m", 1, 5)
+    assert t.directory.known_class("m", 1) == "A"
