@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,6 +95,39 @@ def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
             raise RuntimeError(f"no dashboard address in {serve_log}:\n"
                                f"{serve_log.read_text()[-2000:]}")
         time.sleep(0.5)
+
+
+@contextmanager
+def duty_cycled(pgids: list[int], stopped_s: float = 0.09,
+                running_s: float = 0.01) -> Iterator[None]:
+    """Make engines really slow, whatever the scheduler does: their whole process groups
+    are stopped ``stopped_s`` out of every ``stopped_s + running_s`` (SIGSTOP/SIGCONT), and
+    always continued at the end. (Busy loops next to an engine do not slow it: CFS
+    autogroup gives the engine's session its fair share whatever the number of loops.)"""
+    done = threading.Event()
+
+    def signal_all(sig: int) -> None:
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:  # that engine is gone (restarted, shut down)
+                pass
+
+    def cycle() -> None:
+        while not done.is_set():
+            signal_all(signal.SIGSTOP)
+            time.sleep(stopped_s)
+            signal_all(signal.SIGCONT)
+            time.sleep(running_s)
+
+    worker = threading.Thread(target=cycle, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        worker.join()
+        signal_all(signal.SIGCONT)
 
 
 def metric_total(url: str, name: str) -> float:

@@ -152,11 +152,12 @@ class GatewaySettings(BaseModel):
     #: replicas its bits may then differ.
     failover: Literal["wait", "next_slot"] = "wait"
     failover_after_s: float = Field(default=5.0, ge=0)
-    #: ``pinned``: a key is answered by its own slot (today's behaviour). ``class``: by any
-    #: slot of its own slot's numerics class (bitwise the same answers): its own slot
-    #: first, another class mate under load (bounded load, ``load_bound``) or at once when
-    #: its own slot is unreachable.
-    placement: Literal["pinned", "class"] = "pinned"
+    #: ``class`` (default): a key is answered by any slot of its own slot's numerics class
+    #: (bitwise the same answers): its own slot first, another class mate under load
+    #: (bounded load, ``load_bound``) or at once when its own slot is unreachable or
+    #: drained. ``pinned``: only by its own slot (``failover`` then decides what a dead
+    #: slot's requests do), the behaviour before numerics classes.
+    placement: Literal["pinned", "class"] = "class"
     #: Bounded load: a class mate takes a key when the key's own slot holds at least
     #: ``ceil(load_bound * (class load + 1) / class size)`` requests.
     load_bound: float = Field(default=1.25, ge=1.0)

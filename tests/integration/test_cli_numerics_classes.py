@@ -28,17 +28,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import (dashboard_address, engine_launcher_pid, metric_total,
-                                running_gateway)
+from benchmarks.harness import (dashboard_address, duty_cycled, engine_launcher_pid,
+                                metric_total, running_gateway)
 from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.answers import answer_of
 from gateway.core.hashing import slot_for_key
@@ -75,32 +73,6 @@ def classes_gateway(demo_models, tmp_path_factory):
     path.write_text(yaml.safe_dump(config(demo_models)))
     with running_gateway(path, work) as (url, engines):
         yield url, engines, work
-
-
-@contextmanager
-def slowed(pgids: list[int], stopped_s: float = 0.09, running_s: float = 0.01):
-    """Make engines really slow, whatever the scheduler does: their whole process groups
-    are stopped 90 % of the time (SIGSTOP/SIGCONT), and always continued at the end."""
-    done = threading.Event()
-
-    def cycle() -> None:
-        while not done.is_set():
-            for pgid in pgids:
-                os.killpg(pgid, signal.SIGSTOP)
-            time.sleep(stopped_s)
-            for pgid in pgids:
-                os.killpg(pgid, signal.SIGCONT)
-            time.sleep(running_s)
-
-    worker = threading.Thread(target=cycle, daemon=True)
-    worker.start()
-    try:
-        yield
-    finally:
-        done.set()
-        worker.join()
-        for pgid in pgids:
-            os.killpg(pgid, signal.SIGCONT)
 
 
 def _engine_port(engines: Path, slot_app: str) -> int:
@@ -156,7 +128,7 @@ def test_a_slow_slots_keys_are_answered_by_its_class_mate_with_the_same_bits(cla
     reference = asyncio.run(_replay(url, calls, list(range(len(calls))), 1))
     assert all(r[0] == 200 for r in reference.values())
     runs = []
-    with slowed([_engine_group(engines, "judge-0"), _engine_group(engines, "rm-0")]):
+    with duty_cycled([_engine_group(engines, "judge-0"), _engine_group(engines, "rm-0")]):
         for seed in (1, 2):
             order = list(range(len(calls)))
             random.Random(seed).shuffle(order)

