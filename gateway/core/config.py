@@ -111,6 +111,13 @@ class ModelSpec(BaseModel):
     #: engine process to the rest). A slot's cores depend only on its index, so scaling
     #: never moves a running engine. ``None`` keeps vLLM's default.
     cpu_cores_per_slot: int | None = Field(default=None, ge=1, le=4096)
+    #: ``serialize`` only: requests the ingress lets into a slot's engine at once. The
+    #: engine itself computes one sequence at a time (``max_num_seqs=1``, no prefix cache,
+    #: no chunked prefill) in arrival order, so more than one only queues inside the engine:
+    #: it hides the ingress <-> engine round trip (measured: benchmarks/README.md, slow slot)
+    #: without changing a bit (tests/integration/test_negative_control.py). 1 serializes at
+    #: the ingress as well.
+    serialize_inflight: int = Field(default=4, ge=1, le=256)
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
 

@@ -56,7 +56,10 @@ def test_serialize_runs_one_sequence_without_prefix_cache_even_if_asked_otherwis
     assert "enable-prefix-caching" not in args
     assert int(args["max-num-batched-tokens"]) >= int(args["max-model-len"])
     assert args["runner"] == "pooling" and args["dtype"] == "float32"
-    assert plan.max_inflight == 1 and plan.env["HF_HUB_OFFLINE"] == "1"
+    # the engine serializes; the ingress keeps a short queue in it (serialize_inflight)
+    assert plan.max_inflight == 4 and plan.env["HF_HUB_OFFLINE"] == "1"
+    one = plan_engine(spec(serialize_inflight=1), CPU, port=9)
+    assert one.max_inflight == 1 and _args(one)["max-num-seqs"] == "1"
 
 
 def test_batch_invariant_sets_env_and_one_backend():
