@@ -1,5 +1,9 @@
 """rmgate on a GPU, side by side in one run: batch invariance vs serialize vs off.
 
+Superseded by ``bench_paths.py`` (issue 13): this run packs six engines and measures them with
+one in-process httpx client, which capped every policy at ~60 req/s (see H200-RESULTS.md).
+Kept for comparison; engine logs now stay under /tmp (they did not come back from $OUT).
+
 Starts one ``rmgate serve`` with the same GRM and the same DisRM three times each:
 ``<kind>-auto`` (determinism auto -> batch_invariant on compute capability >= 8.0, with the
 start-up self-test), ``<kind>-off`` (vLLM defaults: batching, no invariance) and
@@ -37,6 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu.bench_paths import grm_body  # noqa: E402,F401  (one workload definition)
 from benchmarks.harness import running_gateway  # noqa: E402
 from gateway.core.answers import answer_of  # noqa: E402
 
@@ -87,12 +92,6 @@ def serve_config(device: str, paths: dict[str, Path]) -> dict[str, Any]:
                                                    "max_queue_per_slot": 100000}}}]}
 
 
-def grm_body(model: str, i: int, max_tokens: int) -> dict[str, Any]:
-    rng = random.Random(i)
-    filler = " ".join(str(rng.randrange(1000)) for _ in range(rng.randrange(8, 48)))
-    return {"model": model, "seed": 1000 + i, "temperature": 1.0, "top_p": 1.0,
-            "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 1,
-            "messages": [{"role": "user", "content": f"Is {i % 10}+{i % 7}={i % 13} right? {filler}"}]}
 
 
 def rm_body(model: str, i: int) -> dict[str, Any]:
@@ -269,7 +268,7 @@ def main() -> None:
     config = args.out / "serve.yaml"
     config.write_text(yaml.safe_dump(serve_config(args.device, paths)))
     t1 = time.perf_counter()
-    with running_gateway(config, args.out / "run", timeout_s=1200) as (url, _):
+    with running_gateway(config, Path("/tmp/rmgate-bench-gpu") / "run", timeout_s=1200) as (url, _):
         started = time.perf_counter() - t1
         report = asyncio.run(run(url, args.quick, args.device, args.out / "gpu.partial.json"))
     gpu = next((c["fingerprints"][0] for c in report["models"] if c["fingerprints"]), "")

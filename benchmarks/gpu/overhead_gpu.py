@@ -1,5 +1,8 @@
 """The gateway's own cost on a GPU host with cores to spare, side by side in one run.
 
+Superseded by ``bench_paths.py`` (issue 13), whose load generator runs in several aiohttp
+processes: this one's single httpx client limited the direct path (a) itself.
+
 On 2 CPU cores the engines and the gateways fight for the same cores; here (the lent H200
 host: 16 cores) the engines run on the GPU, so what is left is each path's own ceiling.
 One ``rmgate serve`` with a GRM and a DisRM (``determinism: off``, so nothing but the path
@@ -74,7 +77,7 @@ def main() -> None:
     n_cls, n_gen = (64, 16) if quick else (1024, 256)
     fallback = free_port()
     t0 = time.perf_counter()
-    with running_gateway(args.out / "serve.yaml", args.out / "run", timeout_s=1200, env={
+    with running_gateway(args.out / "serve.yaml", Path("/tmp/rmgate-bench-ovh") / "run", timeout_s=1200, env={
             "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback)}) as (url, engines):
         started = time.perf_counter() - t0
         report = asyncio.run(measure(url, f"http://127.0.0.1:{fallback}", engines, levels,

@@ -130,6 +130,43 @@ GPU_BENCH_MODELS: tuple[DemoModelSpec, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class GpuModelShape:
+    """A random reward model shaped like a real one, for the GPU benchmarks
+    (``benchmarks/gpu/models_gpu.py`` builds it on the device; nothing is downloaded).
+
+    ``weights``: ``random`` writes seeded random bf16 safetensors (std-scaled, so sampling
+    and scores are not degenerate: the bitwise checks mean something); ``dummy`` writes no
+    weights and the engine runs with ``load_format: dummy`` (vLLM fills them from a fixed
+    seed at start-up): the same shapes, so the same speed, without writing and hashing
+    15 GB per model."""
+
+    name: str
+    kind: str  # "generative" | "discriminative"
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    weights: str  # "random" | "dummy"
+    seed: int
+
+
+#: Real reward-model sizes (Qwen2.5 0.5B / 1.5B / 7B shapes, their vocabularies and
+#: embedding tying). GRM = Qwen2ForCausalLM (chat judge), DisRM = Qwen2ForSequenceClassification
+#: with one label on the same backbone (the score head replaces the LM head).
+GPU_MODEL_SHAPES: tuple[GpuModelShape, ...] = (
+    GpuModelShape("grm-0.5b", "generative", 896, 4864, 24, 14, 2, 151936, True, "random", 4),
+    GpuModelShape("rm-0.5b", "discriminative", 896, 4864, 24, 14, 2, 151936, True, "random", 5),
+    GpuModelShape("grm-1.5b", "generative", 1536, 8960, 28, 12, 2, 151936, True, "random", 6),
+    GpuModelShape("rm-1.5b", "discriminative", 1536, 8960, 28, 12, 2, 151936, True, "random", 7),
+    GpuModelShape("grm-7b", "generative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 8),
+    GpuModelShape("rm-7b", "discriminative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 9),
+)
+
+
 def model_config(spec: DemoModelSpec) -> dict[str, Any]:
     generative = spec.kind == "generative"
     cfg: dict[str, Any] = {

@@ -1,0 +1,106 @@
+"""The GPU benchmark's plans (benchmarks/gpu/bench_paths.py), checked without a GPU: every
+layout renders to a valid rmgate config, fits the H200, names phases that exist, and the
+pure helpers (ratios, load-generator merge, the wheel scanner, the model builder's
+tokenizer and shapes) do what the results rely on."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.gpu import bench_paths as bp  # noqa: E402
+from benchmarks.gpu import loadgen, models_gpu, wheel_list  # noqa: E402
+from gateway.core.config import AppConfig  # noqa: E402
+
+
+def built(layout: bp.Layout) -> dict:
+    return {n: {"path": f"/models/{n}", "weights": models_gpu.shape(n).weights}
+            for n in bp.SIZES[layout.size]}
+
+
+@pytest.mark.parametrize("name", sorted(bp.LAYOUTS))
+def test_layout_renders_fits_and_names_real_phases(name):
+    layout = bp.LAYOUTS[name]()
+    cfg = bp.serve_config(layout, built(layout))
+    app = AppConfig.model_validate(cfg["applications"][0]["args"])
+    assert app.gateway.canary_interval_s == 0  # no probes inside the measured windows
+    engines = sum(m.replicas for m in app.models)
+    fracs = [m.ray_actor_options["num_gpus"] for m in app.models for _ in range(m.replicas)]
+    assert sum(fracs) <= 1.0 and engines == sum(m.slots for m in layout.models)
+    assert bp.memory_gib(layout) < 130, "leave the H200's last GiBs to CUDA contexts"
+    for phase, kw in layout.phases:
+        assert hasattr(bp.Bench, f"phase_{phase}"), phase
+        if phase == "throughput":
+            assert kw["kind"] in layout.n_tp
+    from deployments.engine.arg_names import check_engine_args
+
+    for m in app.models:
+        check_engine_args(m)  # every engine argument is one vLLM knows (a typo fails here)
+    dummy = {m.name for m in app.models if m.engine_args.get("load_format") == "dummy"}
+    assert bool(dummy) == (layout.size == "7b")
+
+
+def test_core_layout_has_every_path_for_both_kinds():
+    layout = bp.LAYOUTS["core-0.5b"]()
+    names = {m.name for m in layout.models}
+    for kind in ("grm", "rm"):
+        assert {f"{kind}-auto", f"{kind}-off", f"{kind}-serialize"} <= names
+    assert set(layout.anchors) == {"grm", "rm"}
+    assert [p for p, _ in layout.phases][:2] == ["anchors", "replay"]
+
+
+def test_ratios_and_merge():
+    row = {"rmgate_auto": {"req_per_s": 900.0}, "engine_auto": {"req_per_s": 1000.0},
+           "rmgate_serial": {"req_per_s": 60.0}}
+    r = bp.ratios(row)
+    assert r == {"rmgate_auto/engine_auto": 0.9, "rmgate_auto/rmgate_serial": 15.0}
+    parts = [{"answers": {0: "a"}, "lat": [0.1], "errors": [], "tokens": 64, "first": 10.0,
+              "last": 11.0, "cpu_s": 0.001},
+             {"answers": {1: "b"}, "lat": [0.3], "errors": ["x"], "tokens": 64, "first": 10.5,
+              "last": 12.0, "cpu_s": 0.003}]
+    m = loadgen.merge(parts, 3, 2, 2)
+    assert m["ok"] == 2 and m["errors"] == 1 and m["seconds"] == 2.0 and m["req_per_s"] == 1.0
+    assert m["gen_tok_per_s"] == 64.0 and m["loadgen_cpu_ms_per_req"] == 2.0
+
+
+def test_workloads_are_fixed_functions_of_the_index():
+    assert bp.rm_body("m", 7) == bp.rm_body("m", 7)
+    assert bp.grm_body("m", 7, 64)["seed"] == 1007
+    lengths = {len(bp.rm_text(i)) for i in range(200)}
+    assert lengths == {1, 4, 16, 64, 256, 900}
+
+
+def test_wheel_scanner_tiers():
+    src = (
+        "import a_hard\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import not_at_runtime\n"
+        "if FLAG:\n    import b_cond\n"
+        "try:\n    import c_opt\nexcept ImportError:\n    c_opt = None\n"
+        "def f():\n    import d_lazy\n    if x:\n        import e_lazycond\n"
+    )
+    got = {name: how for name, how, _ in wheel_list.imports_of(ast.parse(src), "vllm.x", False)}
+    assert got["a_hard"] == "hard" and got["b_cond"] == "cond" and got["c_opt"] == "optional"
+    assert got["d_lazy"] == "lazy" and got["e_lazycond"] == "lazy-cond"
+    assert "not_at_runtime" not in got
+
+
+def test_gpu_model_shapes_match_the_real_sizes(tmp_path):
+    params = {s.name: sum(__import__("math").prod(d) for d in models_gpu.tensor_shapes(s).values())
+              for s in __import__("deployments.demo.models", fromlist=["x"]).GPU_MODEL_SHAPES}
+    assert 0.45e9 < params["grm-0.5b"] < 0.52e9
+    assert 1.45e9 < params["grm-1.5b"] < 1.6e9
+    assert 7.4e9 < params["grm-7b"] < 7.8e9
+    info = models_gpu.build(tmp_path, "rm-7b")  # dummy weights: config and tokenizer only
+    assert info["weights"] == "dummy" and not (tmp_path / "rm-7b" / "model.safetensors").exists()
+    cfg = json.loads((tmp_path / "rm-7b" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForSequenceClassification"] and not cfg["tie_word_embeddings"]
+    vocab = json.loads((tmp_path / "rm-7b" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == cfg["vocab_size"] == 152064 and sorted(vocab.values()) == list(range(152064))
