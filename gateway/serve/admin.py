@@ -62,6 +62,16 @@ def wait_until_running(statuses: Callable[[], dict[str, str]], names: set[str],
         time.sleep(1.0)
 
 
+def ray_token_header() -> dict[str, str] | None:
+    """The dashboard's ``Authorization`` header, sent explicitly. Ray reads its auth mode
+    once per process (its C++ side caches it): in a process where Ray was imported and used
+    before ``RAY_AUTH_MODE=token`` was set, its own client would send no token (401)."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    token = os.environ.get("RAY_AUTH_TOKEN") or (path.read_text().strip()
+                                                 if path.exists() else "")
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
 class ServeAdmin:
     """Serve's REST API on the dashboard (what ``serve deploy`` / ``serve status`` use)."""
 
@@ -69,7 +79,7 @@ class ServeAdmin:
         use_ray_token_if_present()
         from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-        self.client = ServeSubmissionClient(address)
+        self.client = ServeSubmissionClient(address, headers=ray_token_header())
 
     def details(self) -> dict[str, Any]:
         return self.client.get_serve_details()

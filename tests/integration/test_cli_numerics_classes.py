@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import copy
+import json
 import random
 import shutil
 import signal
@@ -206,19 +206,42 @@ def _direct(port: int, calls) -> list[str]:
                 for call in calls]
 
 
-def _admin(work: Path):
-    from gateway.serve.admin import ServeAdmin
-    return ServeAdmin(dashboard_address(work / "serve.log"))
+#: Serve's REST API in a fresh process: Ray reads its auth mode once per process (the C++
+#: side caches it), so in a test process where Ray was used before ``RAY_AUTH_MODE=token``
+#: was set, requests carry no token and get 401 (seen in the full suite, not alone).
+ADMIN_SCRIPT = """
+import json, sys
+from gateway.serve.admin import ServeAdmin
+admin = ServeAdmin(sys.argv[1])
+if sys.argv[2] == "statuses":
+    print(json.dumps(admin.statuses()))
+else:  # redeploy slot app argv[3] with its engine_args updated by the JSON argv[4]
+    apps = admin.applications()
+    changed = json.loads(json.dumps(apps))
+    spec = next(a for a in changed if a["name"] == sys.argv[3])["args"]["spec"]
+    spec["engine_args"] = {**spec["engine_args"], **json.loads(sys.argv[4])}
+    admin.apply(changed, 600, current=apps)
+    print("{}")
+"""
+
+
+def _admin(work: Path, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", ADMIN_SCRIPT,
+                          dashboard_address(work / "serve.log"), *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "RAY_AUTH_MODE": "token"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_scaling_one_model_works_while_another_models_engine_restarts(classes_gateway):
     """The fault the issue measured: ``rmgate scale`` used to judge every application and
     failed on another model's restarting slot. Now it judges only what it changes."""
     url, engines, work = classes_gateway
-    admin = _admin(work)
     _wait("rm-0 healthy again", lambda: _card(url, "rm")["health"] == ["healthy"] * 2)
     os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
-    _wait("rm-0 seen failing by Serve", lambda: admin.statuses().get("rm-0") != "RUNNING",
+    _wait("rm-0 seen failing by Serve",
+          lambda: _admin(work, "statuses").get("rm-0") != "RUNNING",
           timeout_s=60)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     address = dashboard_address(work / "serve.log")
@@ -227,7 +250,7 @@ def test_scaling_one_model_works_while_another_models_engine_restarts(classes_ga
         out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", str(n), "--address",
                               address], cwd=REPO, capture_output=True, text=True, timeout=600,
                              env=env)
-        statuses[n] = admin.statuses().get("rm-0")
+        statuses[n] = _admin(work, "statuses").get("rm-0")
         assert out.returncode == 0, out.stdout + out.stderr
         assert _card(url, "judge")["slots"] == n
     print(f"\nrmgate scale judge 2 -> 1 -> 2 while rm-0 restarted (rm-0 was {statuses})")
@@ -294,13 +317,8 @@ def test_a_slot_restarted_with_another_dtype_is_another_class(classes_gateway):
     calls = _single_key_disrm(160, seed=31)
     order = list(range(len(calls)))
     reference = asyncio.run(_replay(url, calls, order, 4))
-    admin = _admin(work)
-    apps = admin.applications()
-    changed = copy.deepcopy(apps)
-    spec = next(a for a in changed if a["name"] == "rm-1")["args"]["spec"]
-    spec["engine_args"] = {**spec["engine_args"], "dtype": "bfloat16"}
     old_port = _engine_port(engines, "rm-1")
-    admin.apply(changed, 600, current=apps)
+    _admin(work, "redeploy", "rm-1", json.dumps({"dtype": "bfloat16"}))
 
     def classes_seen() -> bool:
         card = _card(url, "rm")

@@ -75,3 +75,17 @@ def test_scale_rejects_zero_slots():
     with pytest.raises(ValueError):
         topology.scale_steps(rendered(), "rm", 0)
     assert AppConfig  # the config module loads alone
+
+
+def test_the_dashboard_token_is_sent_explicitly(tmp_path, monkeypatch):
+    """Ray caches its auth mode per process; the admin client sends the token itself."""
+    from gateway.serve.admin import ray_token_header
+
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
+    assert ray_token_header() is None
+    (tmp_path / "tok").write_text("abc123\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "tok"))
+    assert ray_token_header() == {"Authorization": "Bearer abc123"}
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "envtok")
+    assert ray_token_header() == {"Authorization": "Bearer envtok"}
