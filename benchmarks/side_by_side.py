@@ -105,7 +105,8 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
     slots: Counter[str] = Counter()  # rmgate's x-rmgate-slot per answered request
     errors: list[str] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
-            max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)) as c:
+            max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8,
+            keepalive_expiry=2.0)) as c:  # below the servers' 5 s keep-alive: no reuse race
         async def one(i: int) -> None:
             path, body = calls[i]
             url = urls[i % len(urls)] + path

@@ -14,13 +14,17 @@ import argparse
 
 import httpx
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 
 def create_app(backends: list[str]) -> FastAPI:
     app = FastAPI()
     inflight = {b: 0 for b in backends}
-    client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None,
-                                                                 max_keepalive_connections=512))
+    # Idle connections expire before the engines' own keep-alive (uvicorn, 5 s) closes
+    # them: at httpx's default of 5 s a request could go out on a connection the engine was
+    # closing at that instant, a RemoteProtocolError the proxy would answer with a bare 500.
+    client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(
+        max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0))
 
     @app.post("/{path:path}")
     async def forward(path: str, request: Request) -> Response:
@@ -29,6 +33,8 @@ def create_app(backends: list[str]) -> FastAPI:
         try:
             resp = await client.post(f"{backend}/{path}", content=await request.body(),
                                      headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:  # say what failed instead of a bare 500
+            return JSONResponse({"error": f"{backend}: {type(exc).__name__}: {exc}"}, 502)
         finally:
             inflight[backend] -= 1
         return Response(resp.content, resp.status_code, media_type="application/json")
