@@ -23,9 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.config import ModelSpec, normalize_engine_args
-
-DEFAULT_MAX_MODEL_LEN = 1024
+from gateway.core.config import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
     runner, seed, generation_config, ...) are never taken from ``engine_args``."""
     mode = resolve_mode(spec, platform)
     user = _user_engine_args(spec)
-    max_len = int(user.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+    max_len = spec.max_model_len
     options: dict[str, Any] = {
         "model": spec.model_path,
         "served_model_name": spec.name,

@@ -6,6 +6,7 @@ arguments), so it depends only on pydantic.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -77,6 +78,29 @@ OWNED_ENGINE_ARGS: dict[str, str] = {
 }
 
 
+#: The generation_config.json keys vLLM takes as sampling defaults
+#: (``ModelConfig.get_diff_sampling_param``), ``max_new_tokens`` as ``max_tokens``.
+GENERATION_CONFIG_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+
+
+def model_generation_defaults(model_path: Path) -> dict[str, Any]:
+    """The sampling defaults vLLM would read from a model folder's generation_config.json."""
+    try:
+        cfg = json.loads((model_path / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {k: cfg[k] for k in GENERATION_CONFIG_KEYS if cfg.get(k) is not None}
+    if "max_new_tokens" in out:
+        out["max_tokens"] = out.pop("max_new_tokens")
+    return out
+
+
+#: The context length rmgate gives an engine whose ``engine_args`` name none (vLLM's own
+#: default, the model's full context, can exceed a CPU host's KV cache).
+DEFAULT_MAX_MODEL_LEN = 1024
+
+
 class ModelSpec(BaseModel):
     """One served reward model and how its slots are run."""
 
@@ -85,10 +109,21 @@ class ModelSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: Kind
     model_path: str
+    #: Other names requests may use for this model: what trainers were configured with
+    #: (an HF id such as ``Skywork/Skywork-Reward-V2-Llama-3.1-8B``, a path on the trainer's
+    #: machine). The ``model_path`` and its basename are accepted without listing them.
+    aliases: list[str] = Field(default_factory=list)
     replicas: int = Field(default=1, ge=1, le=256)
     determinism: DeterminismMode = "auto"
     seed: SeedPolicy = Field(default_factory=SeedPolicy)
+    #: Sampling parameters a GRM request gets where it sends none (verl's judge requests
+    #: send none). Empty: vLLM's neutral defaults (temperature 1.0, top_p 1.0, max_tokens =
+    #: what the context leaves): rmgate runs engines with ``generation_config: vllm``.
     sampling_defaults: dict[str, Any] = Field(default_factory=dict)
+    #: ``model``: also take the defaults the model folder's ``generation_config.json`` sets,
+    #: exactly the keys vLLM's own default (``generation_config: auto``) would take
+    #: (``sampling_defaults`` wins where both set one); ``vllm``: none of them.
+    sampling_defaults_from: Literal["vllm", "model"] = "vllm"
     #: GRM only: how /v1/rewards and /get_reward ask the judge and read its score.
     scorer: ScorerSpec = Field(default_factory=ScorerSpec)
     #: Extra vLLM server arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
@@ -120,6 +155,21 @@ class ModelSpec(BaseModel):
     serialize_inflight: int = Field(default=4, ge=1, le=256)
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
+
+    def effective_sampling_defaults(self) -> dict[str, Any]:
+        """``sampling_defaults``, over the model folder's under ``sampling_defaults_from:
+        model`` (read once per gateway; a folder without the file sets none, as in vLLM)."""
+        out = dict(self.sampling_defaults)
+        if self.sampling_defaults_from == "model":
+            out = {**model_generation_defaults(Path(self.model_path)), **out}
+        if isinstance(out.get("max_tokens"), int) and out["max_tokens"] > self.max_model_len:
+            out["max_tokens"] = self.max_model_len  # as a request's own ask is capped
+        return out
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length its engines run with (``engine_args.max_model_len``)."""
+        return int(self.engine_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
 
     @field_validator("model_path")
     @classmethod
@@ -180,6 +230,10 @@ class GatewaySettings(BaseModel):
     #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)
     #: always uses. Optional when exactly one model is served.
     default_reward_model: str | None = None
+    #: ``/get_reward`` with a DisRM: a query longer than the model's context is truncated
+    #: to it from this side (OpenRLHF's RM server truncates with its tokenizer, right by
+    #: default) instead of answering 400.
+    get_reward_truncation_side: Literal["left", "right"] = "right"
     #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
     #: from this environment variable (comma separated) and/or file (one per line). With no
     #: key configured, auth is off. ``/health`` and ``/metrics`` stay open.
@@ -207,16 +261,31 @@ class AppConfig(BaseModel):
             raise ValueError(f"model names must be unique, got {names}")
         if not names:
             raise ValueError("at least one model must be configured")
+        taken: dict[str, str] = {n: n for n in names}
+        for m in self.models:
+            for alias in m.aliases:
+                if taken.setdefault(alias, m.name) != m.name:
+                    raise ValueError(f"alias {alias!r} of model {m.name!r} is already the name "
+                                     f"or an alias of model {taken[alias]!r}")
         default = self.gateway.default_reward_model
         if default is not None and default not in names:
             raise ValueError(f"default_reward_model {default!r} is not among the models {names}")
         return self
 
     def model(self, name: str) -> ModelSpec | None:
-        """The model called ``name``; its ``model_path`` works too (verl's built-in reward
-        loop sends the reward model's path as ``model``)."""
+        """The model called ``name``: its name, one of its ``aliases``, its ``model_path``
+        or that path's basename (verl's and OpenRLHF's clients send the path or HF id they
+        were configured with as ``model``)."""
         found = next((m for m in self.models if m.name == name), None)
+        if found is None and name:
+            found = next((m for m in self.models if name in m.aliases), None)
         if found is None and name:
             path = str(Path(os.path.expanduser(name)).resolve())
             found = next((m for m in self.models if m.model_path in (name, path)), None)
+        if found is None and name:
+            found = next((m for m in self.models if Path(m.model_path).name == name), None)
         return found
+
+    def model_names(self) -> dict[str, list[str]]:
+        """Every model's name and the other names it answers to (for a 404's message)."""
+        return {m.name: [*m.aliases, Path(m.model_path).name] for m in self.models}

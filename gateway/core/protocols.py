@@ -51,10 +51,29 @@ class ClassifyRequest(_Open):
     softmax: StrictBool | None = None
 
 
+class EmbeddingRequest(_Open):
+    """OpenAI's embeddings body, for a DisRM (``gateway.core.embeddings``); ``input`` as
+    ``/classify`` takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: PromptInput
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="`base64`: little-endian float32, as OpenAI's clients "
+        "decode it (the openai client asks for it by default).")
+    user: StrictStr | None = None
+
+
 class ModelCard(BaseModel):
+    """One served model, a superset of OpenAI's ``Model`` (``openai.types.Model`` parses it)."""
+
     id: str
     object: Literal["model"] = "model"
+    created: int = Field(default=0, description="When the gateway started (Unix seconds), as "
+                         "OpenAI's `created`.")
     owned_by: str = "rmgate"
+    aliases: list[str] = Field(default_factory=list, description="Other names requests may "
+                               "use: the configured aliases and the model path's basename.")
+    max_model_len: int | None = None
     kind: str
     determinism: str
     slots: int

@@ -54,6 +54,9 @@ class GatewayResult:
     #: Whether the gateway derived ``seed`` (seed policy ``derive``, none sent).
     seed_derived: bool = False
     endpoint: str = ""
+    #: ``(field, asked, sent)`` when the request asked for more output tokens than the
+    #: model's context holds and the gateway sent the context length instead.
+    max_tokens_clamped: tuple[str, int, int] | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

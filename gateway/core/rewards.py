@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Union
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
+from gateway.core.chat_text import prompt_text, response_text
 from gateway.core.config import ModelSpec
 from gateway.core.errors import InvalidSchema, RmgateError
 from gateway.core.keys import canonical_json
@@ -22,7 +23,9 @@ from gateway.core.results import GatewayResult
 from gateway.core.scoring import judge_prompt
 from gateway.core.service import RewardGateway
 
-Label = Union[StrictStr, StrictInt, StrictFloat, None]
+#: A dataset's label as the trainer sends it: OpenRLHF passes the label field unchanged (a
+#: string, a number, a bool, a list or a dict); the judge sees it as text (``_label_text``).
+Label = JsonValue
 
 
 class RewardItem(BaseModel):
@@ -51,7 +54,12 @@ class GetRewardRequest(BaseModel):
 
 
 def _label_text(label: Label) -> str | None:
-    return None if label is None else str(label)
+    """A label as the judge's ``{label}`` field: a string as is, anything else as JSON
+    text with sorted keys (``true``, ``[1, 2]``, ``{"a": 1}``), so two spellings of one
+    label ask the judge the same question."""
+    if label is None or isinstance(label, str):
+        return label
+    return json.dumps(label, ensure_ascii=False, sort_keys=True, allow_nan=False)
 
 
 def _route_detail(result: GatewayResult) -> dict[str, Any]:
@@ -90,7 +98,12 @@ class RewardScorer:
         if messages is not None:
             body["messages"] = messages
         else:
-            body["input"] = text
+            # OpenRLHF's query is the policy's whole token sequence as text, BOS included,
+            # and may be longer than the RM's context: add no special tokens a second time
+            # and truncate to the context (the side OpenRLHF's own RM server's tokenizer
+            # uses, configurable), as its RM server does, instead of answering 400.
+            body.update(input=text, add_special_tokens=False, truncate_prompt_tokens=-1,
+                        truncation_side=self.gateway.config.gateway.get_reward_truncation_side)
         result = await self._call("/classify", body, index)
         score = float(json.loads(result.body)["data"][-1]["probs"][-1])
         return score, {"index": index, **_route_detail(result), "raw_score": score}
@@ -149,14 +162,16 @@ class RewardScorer:
             if spec.kind == "discriminative":
                 jobs = [self._score_disrm(spec, i, messages=None, text=q)
                         for i, q in enumerate(req.query)]
-            else:
-                jobs = [self._score_grm(spec, i, p, q[len(p):] if q.startswith(p) else q,
+            else:  # the judge is asked about the question and the answer as plain text
+                jobs = [self._score_grm(spec, i, prompt_text(p), response_text(q, p),
                                         _label_text(lab))
                         for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
             scored = list(await asyncio.gather(*jobs))
         rewards = [s for s, _ in scored]
-        extra: dict[str, Any] = {"slot": [d["slot"] for _, d in scored]}
-        if scored and "parsed" in scored[0][1]:
-            extra["parsed"] = [float(d["parsed"]) for _, d in scored]
+        # The same keys in every answer, an empty shard included (OpenRLHF gathers them
+        # across shards: a missing key is its KeyError): `parsed` is 1.0 where a score was
+        # read (always, for a DisRM) and 0.0 where the judge's default was used.
+        extra: dict[str, Any] = {"slot": [d["slot"] for _, d in scored],
+                                 "parsed": [float(d.get("parsed", True)) for _, d in scored]}
         body = {"rewards": rewards, "scores": rewards, "extra_logs": extra}
         return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward")

@@ -9,8 +9,10 @@ raises ``RmgateError``s; the HTTP layer renders both, the transport does the I/O
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import time
 from typing import Any, Callable
 
 from gateway.core.config import AppConfig, Kind, ModelSpec
@@ -18,10 +20,11 @@ from gateway.core.errors import (EngineFailed, EngineRejected, ModelNotFound, Mo
                                  Rescaling, RmgateError, SeedRequired, SlotRemoved,
                                  StreamUnsupported, WrongModelKind, InvalidSchema,
                                  engine_error_message)
+from gateway.core.embeddings import classify_body, embeddings_from_classify
 from gateway.core.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.core.placement import Placement, place, place_in_class
 from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
-                                    ModelCard, ModelList)
+                                    EmbeddingRequest, ModelCard, ModelList)
 from gateway.core.requests import normalize_activation, parse_json_object, split_inputs, validate
 from gateway.core.results import GatewayResult, Route
 from gateway.core.scoring import make_parser
@@ -37,6 +40,23 @@ GENERATE_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest,
                       "/v1/completions": CompletionRequest}
 
 
+def clamp_max_tokens(body: dict[str, Any], max_model_len: int) -> tuple[str, int, int] | None:
+    """Cap ``max_tokens``/``max_completion_tokens`` at the model's context length, in place.
+
+    verl's generative-RM examples ask a small judge for far more tokens than its context
+    holds, which vLLM refuses (400) and verl does not check. vLLM already shortens a
+    request that fits the context to what is left after the prompt; capping at the context
+    length makes the larger asks the same request (same key, same bits) as asking for the
+    whole context. Returns ``(field, asked, sent)`` when it capped, for the header."""
+    clamped = None
+    for name in ("max_tokens", "max_completion_tokens"):
+        asked = body.get(name)
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > max_model_len:
+            body[name] = max_model_len
+            clamped = (name, asked, max_model_len)
+    return clamped
+
+
 class RewardGateway:
     """Routes requests for the configured models over ``transport``."""
 
@@ -44,9 +64,14 @@ class RewardGateway:
                  slots: SlotTable | None = None) -> None:
         self.config = config
         self.transport = transport
+        #: OpenAI's ``created`` of every /v1/models entry.
+        self.started_at = int(time.time())
         #: Current slot counts (shared with the transport; ``set_slot_counts`` changes them).
         self.slots = slots or SlotTable.from_config(config)
         self.api_keys = config.gateway.load_api_keys()
+        #: GRM sampling defaults per model, read once (``sampling_defaults_from``).
+        self.sampling_defaults: dict[str, dict[str, Any]] = {
+            m.name: m.effective_sampling_defaults() for m in config.models}
         #: Score parsers per model, built once (not per /v1/rewards request).
         self.parsers: dict[str, Callable[[str], float | None]] = {
             m.name: make_parser(m.scorer) for m in config.models}
@@ -62,13 +87,13 @@ class RewardGateway:
                       default: str | None = None) -> ModelSpec:
         """The model a request names (its name or its path), else ``default``, else the
         only model of ``kind`` (of any kind when ``kind`` is None)."""
-        served = [m.name for m in self.config.models]
         name = name if name is not None else default
         if name is not None:
             spec = self.config.model(name)
             if spec is None:
-                raise ModelNotFound(f"The model `{name}` does not exist. Served models: "
-                                    f"{served}", param="model")
+                raise ModelNotFound(f"The model `{name}` does not exist. Served models (and "
+                                    f"the other names they answer to): "
+                                    f"{self.config.model_names()}", param="model")
             if kind is not None and spec.kind != kind:
                 other = "/v1/chat/completions" if spec.kind == "generative" else "/classify"
                 raise WrongModelKind(f"model `{name}` is {spec.kind}; use {other}",
@@ -133,6 +158,7 @@ class RewardGateway:
                                     param="stream")
         spec = self.resolve_model(req.model, "generative")
         body["model"] = spec.name
+        clamped = clamp_max_tokens(body, spec.max_model_len)
         if body.get("seed", 0) is None:
             del body["seed"]  # an explicit null is the same request as no seed
         key = request_key(path, body)
@@ -144,7 +170,7 @@ class RewardGateway:
                                    "'require')", param="seed")
             if spec.seed.policy == "derive":
                 seed, derived = derive_seed(key, spec.seed.base), True
-        engine_body = {**spec.sampling_defaults, **body}
+        engine_body = {**self.sampling_defaults[spec.name], **body}
         if seed is not None:
             engine_body["seed"] = seed
         engine_body.pop("stream", None)
@@ -152,7 +178,8 @@ class RewardGateway:
         route, reply = await self._post_key(spec, key, path, canonical_json(engine_body),
                                             self._timeout(timeout_s))
         result = GatewayResult(model=spec.name, body=reply.body, key=key, routes=(route,),
-                               seed=seed, seed_derived=derived, endpoint=path)
+                               seed=seed, seed_derived=derived, endpoint=path,
+                               max_tokens_clamped=clamped)
         logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
                                                 "key": key_hex(key), "slot": route.answered_by,
                                                 "seed": seed, "status": reply.status}))
@@ -194,6 +221,16 @@ class RewardGateway:
         return GatewayResult(model=spec.name, body=body_out, key=result.key, routes=routes,
                              endpoint=path)
 
+    async def embed(self, raw: bytes, timeout_s: float | None = None) -> GatewayResult:
+        """``/v1/embeddings`` for a DisRM: its ``/classify`` request with raw logits
+        (``gateway.core.embeddings``), answered in OpenAI's embeddings shape."""
+        req = validate(EmbeddingRequest, parse_json_object(raw))
+        spec = self.resolve_model(req.model, "discriminative")
+        pooled = await self.pool("/classify", canonical_json(classify_body(req, spec.name)),
+                                 timeout_s)
+        return dataclasses.replace(pooled, endpoint="/v1/embeddings", body=embeddings_from_classify(
+            pooled.body, spec.name, req.encoding_format))
+
     @staticmethod
     def _merge_pooling(replies: list[EngineReply], whole_key: int) -> bytes:
         """One vLLM-shaped list response from per-item responses, in input order."""
@@ -229,7 +266,8 @@ class RewardGateway:
             modes = {i.mode for i in infos if i is not None}
             view = self.transport.slot_view(spec.name, n)
             cards.append(ModelCard(
-                id=spec.name, kind=spec.kind,
+                id=spec.name, kind=spec.kind, created=self.started_at,
+                aliases=self.config.model_names()[spec.name], max_model_len=spec.max_model_len,
                 determinism=modes.pop() if len(modes) == 1 else spec.determinism,
                 slots=n,
                 seed_policy=spec.seed.policy if spec.kind == "generative" else None,

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from fastapi import FastAPI
 
 from gateway.core.service import RewardGateway
+from gateway.http.auth import KEY_PATH_PREFIX
 from gateway.http.errors import install_error_handlers
 from gateway.http.routers import engine, ops, rewards
 
@@ -41,7 +42,8 @@ def create_app(gateway: RewardGateway | None = None,
                               "gives the same reward bits.")
     app.state.gateway = gateway
     install_error_handlers(app)
-    app.include_router(engine.router())
-    app.include_router(rewards.router())
-    app.include_router(ops.router())
+    for make in (engine.router, rewards.router, ops.router):
+        app.include_router(make())
+        # the same routes under /keys/<key>/ (auth for clients that cannot send a header)
+        app.include_router(make(), prefix=KEY_PATH_PREFIX, include_in_schema=False)
     return app

@@ -1,7 +1,8 @@
 """API-key auth as a FastAPI dependency (swap it in tests with ``app.dependency_overrides``).
 
 Keys come from the gateway's config (``gateway.api_keys_env`` / ``api_keys_file``); with
-none configured, auth is off. ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>``;
+none configured, auth is off. ``Authorization: Bearer <key>``, ``X-Api-Key: <key>``, or the
+key as the URL path prefix ``/keys/<key>/...`` for clients that cannot send headers;
 ``/health`` and ``/metrics`` do not depend on it.
 """
 
@@ -33,7 +34,14 @@ def check_api_key(token: str | None, keys: frozenset[str]) -> None:
         raise AuthenticationFailed()
 
 
-async def require_api_key(gateway: RewardGateway = Depends(get_gateway),
+#: Route prefix that carries the key in the URL path, for trainers whose reward clients
+#: cannot send a header (verl's and OpenRLHF's): ``http://host:port/keys/<key>/get_reward``.
+KEY_PATH_PREFIX = "/keys/{api_key}"
+
+
+async def require_api_key(request: Request, gateway: RewardGateway = Depends(get_gateway),
                           bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
                           api_key: str | None = Security(_api_key)) -> None:
-    check_api_key(bearer.credentials.strip() if bearer else api_key, gateway.api_keys)
+    """The key from the header, else from the ``/keys/<key>/`` path prefix."""
+    token = bearer.credentials.strip() if bearer else api_key
+    check_api_key(token or request.path_params.get("api_key"), gateway.api_keys)

@@ -6,7 +6,8 @@
 ``x-rmgate-failover: <from>-><to>`` when a slot of another class answered (``next_slot``),
 ``x-rmgate-class`` (the answering slots' numerics classes) and ``x-rmgate-placement:
 <own>-><slot>:<reason>`` when a class mate answered (reason ``load``, ``drained`` or
-``unavailable``; same bits by the class invariant).
+``unavailable``; same bits by the class invariant), ``x-rmgate-max-tokens-clamped:
+max_tokens=<asked>-><sent>`` when a request asked for more tokens than the context holds.
 """
 
 from __future__ import annotations
@@ -33,5 +34,8 @@ def result_headers(result: GatewayResult) -> dict[str, str]:
             headers["x-rmgate-fingerprint"] = ",".join(result.fingerprints)
     if result.seed is not None:
         headers["x-rmgate-seed"] = str(result.seed)
+    if result.max_tokens_clamped is not None:
+        name, asked, sent = result.max_tokens_clamped
+        headers["x-rmgate-max-tokens-clamped"] = f"{name}={asked}->{sent}"
     headers.update(result.extra)
     return headers

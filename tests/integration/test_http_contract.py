@@ -44,9 +44,25 @@ def test_openai_client_with_and_without_seed(gateway):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+def test_max_tokens_beyond_the_context_is_capped_not_refused(gateway):
+    """verl's generative-RM examples ask a 1,024-token judge for far more and ignore the
+    status: rmgate sends the context length (vLLM then gives what the prompt leaves) and
+    says so; the answer is the one asking for the whole context gets."""
+    url, _ = gateway
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model="judge", messages=CHAT["messages"], temperature=1.0, seed=3)
+    raw = client.chat.completions.with_raw_response.create(max_tokens=100_000, **kw)
+    assert raw.headers["x-rmgate-max-tokens-clamped"] == "max_tokens=100000->1024"
+    whole = client.chat.completions.with_raw_response.create(max_tokens=1024, **kw)
+    assert raw.headers["x-rmgate-key"] == whole.headers["x-rmgate-key"]
+    assert raw.parse().choices[0].message.content == whole.parse().choices[0].message.content
+
+
 def test_models_list(gateway):
     url, _ = gateway
     data = httpx.get(url + "/v1/models", timeout=30).json()
+    for entry in data["data"]:  # what the openai client's models.list() parses
+        openai.types.Model.model_validate(entry)
     cards = {m["id"]: m for m in data["data"]}
     assert data["object"] == "list"
     assert cards["judge"]["kind"] == "generative" and cards["judge"]["slots"] == 2
@@ -61,8 +77,6 @@ def test_models_list(gateway):
     ("/classify", b'{"input": 5}', 422),
     ("/v1/chat/completions", b'{"model": "judge", "messages": [{"role": "user", '
                              b'"content": "a"}], "max_tokens": -1}', 400),  # engine's 400
-    ("/v1/chat/completions", b'{"model": "judge", "messages": [{"role": "user", '
-                             b'"content": "a"}], "max_tokens": 100000}', 400),  # engine's 400
     ("/v1/nothing", b"{}", 404),
 ])
 def test_errors_are_json_with_the_right_status(gateway, path, content, status):

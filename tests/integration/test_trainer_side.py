@@ -121,6 +121,22 @@ def test_openrlhf_get_reward(gateway):
     assert empty.status_code == 200 and empty.json()["rewards"] == []
 
 
+def test_get_reward_takes_what_openrlhf_sends(gateway):
+    """Any JSON label, and a query longer than the DisRM's context: truncated, not 400."""
+    url, _ = gateway
+    prompt = "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n"
+    query = prompt + "7<|im_end|>\n<|endoftext|>"
+    labels = [["7"], {"answer": 7}, 7, True]
+    body = {"query": [query] * 4, "prompts": [prompt] * 4, "labels": labels}
+    r = httpx.post(url + "/get_reward", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert set(r.json()["extra_logs"]) == {"slot", "parsed"}
+    long_query = prompt + "7 " * 3000 + "<|im_end|>"  # far beyond max_model_len 1024
+    r = httpx.post(url + "/get_reward", json={"query": [long_query]}, timeout=120)
+    assert r.status_code == 200, r.text
+    # (the GRM behind /get_reward: tests/unit/test_rewards.py, its text is checked there)
+
+
 def test_openai_stream_true_is_a_clear_400(gateway):
     url, _ = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

@@ -95,7 +95,8 @@ async def test_get_reward_openrlhf_shape_and_empty_batch(setup):
     assert set(out["extra_logs"]) >= {"slot"}
     empty = await client.post("/get_reward", json={"query": [], "prompts": [], "labels": []})
     assert empty.status_code == 200
-    assert empty.json() == {"rewards": [], "scores": [], "extra_logs": {"slot": []}}
+    # every key a client reads, an empty shard included (OpenRLHF: KeyError 'parsed')
+    assert empty.json() == {"rewards": [], "scores": [], "extra_logs": {"slot": [], "parsed": []}}
     bad = await client.post("/get_reward", json={"query": ["a"], "prompts": []})
     assert bad.status_code == 422
 
@@ -107,3 +108,48 @@ async def test_model_path_is_accepted_as_model_name(setup):
                                              "activation": False})
     b = await client.post("/classify", json={"model": "rm", "input": "x", "use_activation": False})
     assert a.status_code == 200 and a.headers["x-rmgate-key"] == b.headers["x-rmgate-key"]
+
+
+CHATML_PROMPT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=<|im_end|>\n" \
+    "<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("label,text", [
+    (7, "7"), (7.5, "7.5"), (True, "true"), ([1, "a"], '[1, "a"]'),
+    ({"b": 1, "a": [2]}, '{"a": [2], "b": 1}'), ("seven", "seven"), (None, "")])
+async def test_any_json_label_reaches_the_judge_as_json_text(setup, label, text):
+    """OpenRLHF sends the dataset's label field unchanged; a 422 would make it drop the
+    reward after five tries."""
+    client, transport = setup
+    for path, body in (("/v1/rewards", {"model": "judge", "items": [
+            {"prompt": "3+4=", "response": "7", "label": label}]}),):
+        r = await client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert transport.sent[-1][3]["messages"][0]["content"] == f"Is 3+4=7 right? ref={text}"
+
+
+async def test_get_reward_judge_sees_plain_prompt_and_response_with_any_label():
+    transport = JudgeTransport()
+    cfg = {**CONFIG, "gateway": {"default_reward_model": "judge"}}
+    app = create_app(RewardGateway(AppConfig.model_validate(cfg), transport))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
+        query = CHATML_PROMPT + "7<|im_end|>\n<|endoftext|><|endoftext|>"
+        r = await c.post("/get_reward", json={"query": [query], "prompts": [CHATML_PROMPT],
+                                              "labels": [{"answer": 7}]})
+        assert r.status_code == 200, r.text
+        assert transport.sent[-1][3]["messages"][0]["content"] == \
+            'Is 3+4=7 right? ref={"answer": 7}'
+        assert set(r.json()["extra_logs"]) == {"slot", "parsed"}
+        empty = await c.post("/get_reward", json={"query": []})
+        assert empty.json()["extra_logs"] == {"slot": [], "parsed": []}
+
+
+async def test_get_reward_disrm_adds_no_special_tokens_and_truncates(setup):
+    """OpenRLHF's query already holds BOS and may exceed the RM's context."""
+    client, transport = setup
+    r = await client.post("/get_reward", json={"query": ["<s>2+3=5</s>"], "labels": [True]})
+    assert r.status_code == 200, r.text
+    sent = transport.sent[-1][3]
+    assert sent["input"] == "<s>2+3=5</s>" and sent["add_special_tokens"] is False
+    assert sent["truncate_prompt_tokens"] == -1 and sent["truncation_side"] == "right"
+    assert r.json()["extra_logs"]["parsed"] == [1.0]

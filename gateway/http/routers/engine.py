@@ -1,7 +1,7 @@
 """vLLM-shaped endpoints: ``/v1/chat/completions``, ``/v1/completions`` (GRM) and
-``/classify``, ``/pooling`` (DisRM). The app reads raw bodies itself (size limit, bad JSON
--> 400, schema -> 422, in ``gateway.core.requests``); the OpenAPI document still shows each
-endpoint's request schema and the error model."""
+``/classify``, ``/pooling``, ``/v1/embeddings`` (DisRM). The app reads raw bodies itself
+(size limit, bad JSON -> 400, schema -> 422, in ``gateway.core.requests``); the OpenAPI
+document still shows each endpoint's request schema and the error model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from gateway.core.protocols import ChatCompletionRequest, ClassifyRequest, CompletionRequest
+from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
+                                    EmbeddingRequest)
 from gateway.core.service import RewardGateway
 from gateway.http.auth import require_api_key
 from gateway.http.errors import ERROR_RESPONSES
@@ -38,6 +39,9 @@ ENDPOINTS: tuple[tuple[str, type, CoreCall, str], ...] = (
     ("/v1/completions", CompletionRequest, _generate("/v1/completions"), "generative"),
     ("/classify", ClassifyRequest, _pool("/classify"), "discriminative"),
     ("/pooling", ClassifyRequest, _pool("/pooling"), "discriminative"),
+    # SGLang serves a classifier's logits as its embedding; verl's SGLang reward path
+    # reads data[-1].embedding[-1]: the DisRM's /classify score, same bits.
+    ("/v1/embeddings", EmbeddingRequest, lambda gw, raw, t: gw.embed(raw, t), "discriminative"),
 )
 
 
