@@ -13,7 +13,8 @@ With ``placement: class`` a key may be answered by any slot of its preferred slo
 numerics class (``gateway.core.numerics``), bits unchanged. The members are taken in the
 key's own ranking; under bounded load (Mirokni et al.'s consistent hashing with bounded
 loads) the first member whose in-flight + queued requests are below
-``ceil(c · (total + 1) / members)`` answers, else the least loaded. A dead member is left at
+``ceil(c · (total + 1) / members)`` answers, else the least loaded; each member's load is
+weighed by how much slower it answers than its fastest mate (``bounded_choice``). A dead member is left at
 once for the next (``wait_s`` 0); the last one waits ``slot_wait_s``. An idle gateway places
 every key on its own slot, exactly as ``pinned``.
 """
@@ -66,20 +67,38 @@ def place(key: int, slots: int, failover: FailoverMode, slot_wait_s: float,
     return Placement(tuple(zip(ranking, waits)))
 
 
-def bounded_choice(members: list[int], load: Mapping[int, int], c: float) -> int:
+def slowness(members: list[int], service_s: Mapping[int, float] | None) -> dict[int, float]:
+    """Each member's seconds per answer relative to the fastest member's (>= 1; 1 where
+    nothing was measured yet). Weighs a request on a slow slot as that many requests."""
+    known = {s: service_s[s] for s in members if service_s and service_s.get(s, 0) > 0}
+    fastest = min(known.values(), default=0.0)
+    return {s: (known[s] / fastest if s in known else 1.0) for s in members}
+
+
+def bounded_choice(members: list[int], load: Mapping[int, int], c: float,
+                   service_s: Mapping[int, float] | None = None) -> int:
     """The first of ``members`` (in the key's ranking) under the bounded-load capacity,
-    else the least loaded (ties: ranking order)."""
-    total = sum(load.get(s, 0) for s in members)
+    else the least loaded (ties: ranking order).
+
+    Loads are weighed by each member's slowness (``service_s``: seconds per answer, as
+    measured): a request on a slot answering 10x slower than its fastest mate counts as 10.
+    A slot that merely queues more is seen by its queue; one that answers slower (a
+    throttled or shared core, a stalled engine still holding its in-flight requests) only by
+    its answer rate. An idle member always takes its own keys (nothing to wait for), so an
+    idle gateway still places every key on its own slot."""
+    weight = slowness(members, service_s)
+    total = sum(load.get(s, 0) * weight[s] for s in members)
     capacity = max(1, math.ceil(c * (total + 1) / len(members)))
     for s in members:
-        if load.get(s, 0) < capacity:
+        if load.get(s, 0) == 0 or (load.get(s, 0) + 1) * weight[s] <= capacity:
             return s
-    return min(members, key=lambda s: (load.get(s, 0), members.index(s)))
+    return min(members, key=lambda s: ((load.get(s, 0) + 1) * weight[s], members.index(s)))
 
 
 def place_in_class(key: int, classes: ModelClasses, load: Mapping[int, int], *,
                    failover: FailoverMode, slot_wait_s: float, failover_after_s: float,
-                   load_bound: float) -> Placement:
+                   load_bound: float, service_s: Mapping[int, float] | None = None
+                   ) -> Placement:
     """Where ``key`` goes when its slots' numerics classes are known (``placement: class``)."""
     n = len(classes.classes)
     home = slot_for_key(key, n)
@@ -90,7 +109,7 @@ def place_in_class(key: int, classes: ModelClasses, load: Mapping[int, int], *,
     members = [s for s in slot_ranking(key, n) if s in mates]
     if not members:  # every slot drained: nothing better than its own slot
         return place(key, n, failover, slot_wait_s, failover_after_s)
-    chosen = bounded_choice(members, load, load_bound)
+    chosen = bounded_choice(members, load, load_bound, service_s)
     order = [chosen] + [s for s in members if s != chosen]
     waits = [0.0] * (len(order) - 1) + [slot_wait_s]
     reason: Reason = "drained" if classes.drained(home) else (

@@ -140,7 +140,8 @@ class RewardGateway:
             return place_in_class(key, view.classes, view.load, failover=settings.failover,
                                   slot_wait_s=settings.slot_wait_s,
                                   failover_after_s=settings.failover_after_s,
-                                  load_bound=settings.load_bound)
+                                  load_bound=settings.load_bound,
+                                  service_s=view.service_s)
         return place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
 
     def _timeout(self, timeout_s: float | None) -> float:

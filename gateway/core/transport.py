@@ -50,10 +50,13 @@ class EngineReply:
 @dataclass(frozen=True)
 class SlotView:
     """What placement needs to know of a model's slots right now: their numerics classes
-    (as last reported; a dead slot keeps its class) and their load (in flight + queued)."""
+    (as last reported; a dead slot keeps its class), their load (in flight + queued) and
+    how fast each answers."""
 
     classes: ModelClasses
     load: dict[int, int] = field(default_factory=dict)
+    #: Per slot: its engine's current round-trip estimate in seconds (0.0: not measured).
+    service_s: dict[int, float] = field(default_factory=dict)
 
 
 class EngineCallError(Exception):

@@ -31,6 +31,7 @@ from gateway.core.slots import SlotTable
 from gateway.core.transport import (EngineClient, EngineConnectionLost, EngineNoAnswer,
                                     EngineReply, EngineUnreachable, SlotInfo, SlotView)
 from gateway.observability import metrics
+from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import AiohttpEngineClient, HandleEngineClient
 from gateway.transport.gate import SlotGate
@@ -63,6 +64,8 @@ class SlotTransport:
         self.clock = clock
         self.sleep = sleep
         self._gates: dict[tuple[str, int], SlotGate] = {}
+        #: Round-trip times per slot, which bounded load weighs loads by.
+        self._answer_times: dict[tuple[str, int], AnswerTimes] = {}
         self._discovering: set[tuple[str, int]] = set()
         self._logged_classes: dict[str, dict[str, list[int]]] = {}
 
@@ -81,13 +84,17 @@ class SlotTransport:
         is not known yet is asked in the background; until then its keys stay on it."""
         classes: list[str | None] = []
         load: dict[int, int] = {}
+        service: dict[int, float] = {}
         for slot in range(slots):
             if (model, slot) not in self.directory.classes:
                 self._discover(model, slot)
             classes.append(self.directory.known_class(model, slot))
             gate = self._gates.get((model, slot))
             load[slot] = gate.inflight + gate.waiting if gate is not None else 0
-        view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load)
+            times = self._answer_times.get((model, slot))
+            service[slot] = times.seconds() if times is not None else 0.0
+        view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load,
+                        service)
         groups = view.classes.groups
         if len(groups) > 1 and self._logged_classes.get(model) != groups:
             self._logged_classes[model] = groups
@@ -170,9 +177,17 @@ class SlotTransport:
                     raise SlotClassChanged(
                         f"slot {model}-{slot} is now of class "
                         f"{self.directory.known_class(model, slot)}, not {expected_class}")
+                times = self._answer_times.setdefault((model, slot), AnswerTimes(self.clock))
                 async with self.gate(info):
                     start = self.clock()
-                    status, content = await self.engine_client.post(info, path, body, timeout_s)
+                    token = times.started()
+                    answered = False
+                    try:
+                        status, content = await self.engine_client.post(info, path, body,
+                                                                        timeout_s)
+                        answered = status < 500
+                    finally:
+                        times.finished(token, answered)
                 metrics.ENGINE_SECONDS.labels(*labels).observe(self.clock() - start)
                 metrics.ENGINE_REQUESTS.labels(*labels, str(status)).inc()
             except EngineNoAnswer:

@@ -101,3 +101,38 @@ def test_bounded_load_properties(key, loads, c):
         assert p.first == under[0]
     else:
         assert load[p.first] == min(loads)
+
+
+def test_a_slow_slot_gives_its_keys_away_before_its_queue_builds():
+    """A slot answering 10x slower than its mate weighs each of its requests as 10: with
+    two requests in it, its key goes to the fast mate; by load alone it would stay."""
+    key = 777
+    home, mate = slot_ranking(key, 2)
+    load = {home: 2, mate: 2}
+    assert bounded_choice([home, mate], load, 1.25) == home
+    slow = {home: 2.0, mate: 0.2}
+    assert bounded_choice([home, mate], load, 1.25, slow) == mate
+    p = place_in_class(key, ModelClasses(("A", "A")), load, **KW, service_s=slow)
+    assert p.first == mate and p.reason == "load" and p.home == home
+
+
+def test_an_idle_slow_slot_still_takes_its_own_keys():
+    """Idle, a key's own slot answers at once whatever its speed: an idle gateway places
+    every key on its own slot (and a once-slow slot is measured again)."""
+    for key in range(0, 2**32, 2**32 // 31):
+        home = slot_for_key(key, 2)
+        service = {home: 5.0, 1 - home: 0.01}
+        p = place_in_class(key, ModelClasses(("A", "A")), {0: 0, 1: 0}, **KW, service_s=service)
+        assert p.first == home and p.reason == "preferred"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 20), min_size=2, max_size=8),
+       st.floats(0.001, 10.0))
+def test_equal_answer_times_are_plain_bounded_load(key, loads, seconds):
+    load = dict(enumerate(loads))
+    members = slot_ranking(key, len(loads))
+    same = {s: seconds for s in members}
+    assert bounded_choice(members, load, 1.25, same) == bounded_choice(members, load, 1.25)
+    unmeasured = {s: 0.0 for s in members}
+    assert bounded_choice(members, load, 1.25, unmeasured) == bounded_choice(members, load, 1.25)

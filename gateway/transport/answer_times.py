@@ -1,0 +1,47 @@
+"""How long each slot's engine takes to answer, as placement's bounded load weighs it.
+
+A slot's queue shows a slot that is busy; it does not show one that is slow. A throttled
+engine (its core shared with a busy process, a stalled GPU) holds its in-flight requests
+just as a healthy one does, so by in-flight + queued it looks the same until its queue
+builds. Round-trip times show it at once. This is Finagle's peak EWMA: an exponentially
+weighted mean of the round trips of answered requests, raised to the age of the oldest
+request still in flight when that is larger (a stalled engine answers nothing, so its mean
+alone would not move). Mechanism only: placement (``gateway.core.placement``) decides.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+
+class AnswerTimes:
+    """Round-trip seconds of one slot's engine requests (peak EWMA)."""
+
+    def __init__(self, clock: Callable[[], float], alpha: float = 0.3) -> None:
+        self.clock = clock
+        self.alpha = alpha
+        self.mean_s: float | None = None
+        self._inflight: dict[int, float] = {}
+        self._ids = itertools.count()
+
+    def started(self) -> int:
+        """A request went to the engine; the token ``finished`` takes."""
+        token = next(self._ids)
+        self._inflight[token] = self.clock()
+        return token
+
+    def finished(self, token: int, answered: bool) -> None:
+        """The request came back; ``answered``: with an answer (its time counts)."""
+        start = self._inflight.pop(token, None)
+        if start is None or not answered:
+            return
+        elapsed = self.clock() - start
+        self.mean_s = elapsed if self.mean_s is None else \
+            self.mean_s + self.alpha * (elapsed - self.mean_s)
+
+    def seconds(self) -> float:
+        """The slot's current round-trip estimate (0.0 before any answer or request)."""
+        oldest = min(self._inflight.values(), default=None)
+        age = self.clock() - oldest if oldest is not None else 0.0
+        return max(self.mean_s or 0.0, age)

@@ -1,0 +1,32 @@
+"""A slot's round-trip estimate (peak EWMA), with an injected clock."""
+
+from __future__ import annotations
+
+from gateway.transport.answer_times import AnswerTimes
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_mean_of_answered_round_trips_and_the_age_of_a_stalled_request():
+    clock = Clock()
+    times = AnswerTimes(clock, alpha=0.5)
+    assert times.seconds() == 0.0
+    t = times.started()
+    clock.now = 1.0
+    times.finished(t, answered=True)
+    assert times.seconds() == 1.0
+    t = times.started()
+    clock.now = 4.0
+    times.finished(t, answered=True)
+    assert times.seconds() == 2.0  # 1 + 0.5 * (3 - 1)
+    stalled = times.started()
+    clock.now = 14.0  # nothing answered for 10 s: the estimate follows the oldest request
+    assert times.seconds() == 10.0
+    times.finished(stalled, answered=False)  # a failure is not an answer time
+    assert times.seconds() == 2.0
