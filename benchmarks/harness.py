@@ -83,6 +83,20 @@ def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
         time.sleep(1.0)
 
 
+def end_leftovers(marker: str, timeout_s: float = 60.0) -> list[int]:
+    """``wait_until_gone``, then SIGKILL by pid whatever still carries ``marker`` (only
+    processes this gateway started carry it): after a start-up that failed, engines
+    re-parented to init are outside the CLI's process group. Returns what was left, so the
+    caller can still fail on it."""
+    left = wait_until_gone(marker, timeout_s)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
 def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
     """The Ray dashboard that ``rmgate serve`` printed: it prints it once every application
     is RUNNING, which can be a moment after the HTTP path already answers."""

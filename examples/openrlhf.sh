@@ -8,5 +8,9 @@ python -m openrlhf.cli.train_ppo_ray \
   --reward.remote_url http://127.0.0.1:8000/get_reward \
   "$@"
 # Older OpenRLHF: --remote_rm_url http://127.0.0.1:8000/get_reward
-# Several URLs are fine: OpenRLHF sends empty batches to the extra ones, which rmgate
-# answers with 200 and empty lists.
+# Several URLs are fine (OpenRLHF splits a batch over them); an empty batch is answered with
+# 200 and every key as an empty list (older OpenRLHF sent them to the extra URLs).
+# With API keys on, put the key in the path (OpenRLHF cannot send a header):
+#   --reward.remote_url http://127.0.0.1:8000/keys/$RMGATE_KEY/get_reward
+# Labels may be any JSON (the dataset's label field as is); queries are scored as sent (no
+# special tokens added) and truncated to the RM's context (gateway.get_reward_truncation_side).

@@ -3,8 +3,9 @@
 # that drive rmgate with that trainer's code. Usage: scripts/trainer_env.sh trl|verl|openrlhf
 # Prints the environment's python (trl, verl) or its package folder (openrlhf).
 #
-# Each trainer venv is an overlay on .venv: a .pth file puts .venv's site-packages after the
-# venv's own, so torch (2.13.0+cpu), transformers and the rest are reused, and only what the
+# Each trainer venv is an overlay on .venv: a .pth file adds .venv's site-packages after the
+# venv's own with site.addsitedir (which also runs .venv's own .pth files, so the editable
+# rmgate install is importable from any directory), so torch (2.13.0+cpu), transformers and the rest are reused, and only what the
 # trainer needs beyond them (or pins differently, e.g. verl's transformers<5.11) is installed
 # into it. The main install stays lean; nothing here is imported by rmgate itself.
 #
@@ -69,12 +70,12 @@ if [ "$name" = openrlhf ]; then
 elif [ "$name" = trl ]; then
   .venv/bin/python -m venv "$root"
   site="$("$root/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$base_site" > "$site/_rmgate_base.pth"
+  echo "import site; site.addsitedir('$base_site')" > "$site/_rmgate_base.pth"
   "$root/bin/python" -m pip --disable-pip-version-check install -q "${pins[@]}" >&2
 else
   .venv/bin/python -m venv --without-pip "$root"
   site="$("$root/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$base_site" > "$site/_rmgate_base.pth"
+  echo "import site; site.addsitedir('$base_site')" > "$site/_rmgate_base.pth"
   if [ "${#nodeps[@]}" -gt 0 ]; then
     "${pip[@]}" --python "$root/bin/python" install --no-warn-conflicts --no-deps "${nodeps[@]}" >&2
   fi

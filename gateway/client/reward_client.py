@@ -40,6 +40,12 @@ class RewardRequestError(RuntimeError):
         self.body = body
 
 
+#: The retries' own random stream: jitter drawn from the global ``random`` would advance the
+#: trainer's Python random state on every retry (timing-dependent), and with it anything the
+#: trainer samples from ``random`` afterwards.
+_JITTER = random.Random()
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 8
@@ -53,7 +59,7 @@ class RetryPolicy:
             except ValueError:
                 pass
         # Jitter spreads retries of many clients; it cannot change a result.
-        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * (0.5 + random.random() / 2)
+        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * (0.5 + _JITTER.random() / 2)
 
 
 def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:

@@ -218,6 +218,12 @@ class GatewaySettings(BaseModel):
     #: Bounded load: a class mate takes a key when the key's own slot holds at least
     #: ``ceil(load_bound * (class load + 1) / class size)`` requests.
     load_bound: float = Field(default=1.25, ge=1.0)
+    #: What bounded load weighs a class mate's requests by: ``count`` (in flight + queued,
+    #: each 1) or ``answer_time`` (each request as many as the slot's round trip is longer
+    #: than its fastest mate's: a throttled engine shows before its queue builds). The
+    #: default stays ``count`` until a benchmark shows ``answer_time`` faster on real
+    #: engines: in its first slow-slot run it was not (benchmarks/README.md).
+    load_weight: Literal["count", "answer_time"] = "count"
     #: Slots of one model in several classes: ``strict`` drains those outside the majority
     #: class (reason in /v1/models); ``mixed`` serves each class for its own keys.
     class_policy: Literal["strict", "mixed"] = "strict"

@@ -141,7 +141,8 @@ class RewardGateway:
                                   slot_wait_s=settings.slot_wait_s,
                                   failover_after_s=settings.failover_after_s,
                                   load_bound=settings.load_bound,
-                                  service_s=view.service_s)
+                                  service_s=view.service_s
+                                  if settings.load_weight == "answer_time" else None)
         return place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
 
     def _timeout(self, timeout_s: float | None) -> float:

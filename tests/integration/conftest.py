@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import (free_port, processes_with_env, stop_process_group,  # noqa: F401
-                                wait_until_gone, wait_until_serving)
+from benchmarks.harness import (end_leftovers, free_port, processes_with_env,  # noqa: F401
+                                stop_process_group, wait_until_gone, wait_until_serving)
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_CONFIG = REPO / "configs" / "test-cpu.yaml"
@@ -41,5 +41,22 @@ def gateway(demo_models, tmp_path_factory):
         yield url, proc
     finally:
         stop_process_group(proc)
-        leftovers = wait_until_gone(env["RMGATE_LOG_DIR"])
+        leftovers = end_leftovers(env["RMGATE_LOG_DIR"])  # killed by pid, still a failure
         assert not leftovers, f"processes left after shutdown: {leftovers}"
+
+
+def plain_wide_disrm(demo_models: Path, name: str):
+    """A started (not yet ready) plain vLLM engine of the wide DisRM, ``determinism: off``
+    (vLLM's defaults: batching), the negative controls' engine; the caller stops it."""
+    from deployments.engine.args import Platform, plan_engine
+    from deployments.engine.process import EngineProcess, free_port as engine_port
+    from gateway.core.config import ModelSpec
+
+    spec = ModelSpec(name="rm-large", kind="discriminative",
+                     model_path=str(demo_models / "disrm-large"), determinism="off",
+                     engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True})
+    port = engine_port()
+    engine = EngineProcess(plan_engine(spec, Platform("cpu", "cpu"), port=port), "127.0.0.1",
+                           port, name)
+    engine.start()
+    return engine

@@ -14,9 +14,7 @@ import asyncio
 import httpx
 import pytest
 
-from deployments.engine.args import Platform, plan_engine
-from deployments.engine.process import EngineProcess, free_port
-from gateway.core.config import ModelSpec
+from tests.integration.conftest import plain_wide_disrm
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +26,7 @@ INPUTS = [chr(c) for c in range(33, 97)] + ["ab", "cd", "2+2=4", "xyz"]
 def plain_vllm(demo_models, tmp_path_factory, monkeypatch_module):
     """Plain vLLM (determinism 'off': default max_num_seqs, batching) on the wide model."""
     monkeypatch_module.setenv("RMGATE_LOG_DIR", str(tmp_path_factory.mktemp("plain")))
-    spec = ModelSpec(name="rm-large", kind="discriminative",
-                     model_path=str(demo_models / "disrm-large"), determinism="off",
-                     engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True})
-    port = free_port()
-    engine = EngineProcess(plan_engine(spec, Platform("cpu", "cpu"), port=port), "127.0.0.1",
-                           port, "plain-rm-large")
-    engine.start()
+    engine = plain_wide_disrm(demo_models, "plain-rm-large")
     try:
         engine.wait_ready(600)
         yield engine.url
