@@ -1,4 +1,4 @@
-"""How long each slot's engine takes to answer, as placement's bounded load weighs it.
+"""How long each slot's engine takes per answer, as placement's bounded load weighs it.
 
 A slot's queue shows a slot that is busy; it does not show one that is slow. A throttled
 engine (its core shared with a busy process, a stalled GPU) holds its in-flight requests
@@ -25,23 +25,30 @@ class AnswerTimes:
         self._inflight: dict[int, float] = {}
         self._ids = itertools.count()
 
-    def started(self) -> int:
-        """A request went to the engine; the token ``finished`` takes."""
+    def started(self, share: int = 1) -> int:
+        """A request went to the engine; the token ``finished`` takes. ``share``: how many
+        requests its round trip is shared by: a serialized engine computes the ones
+        already in it first, so its round trip is that many service times, and a slot
+        with more in it would look slower only for being busier (measured: in the
+        slow-slot benchmark unnormalized round trips made the busy fast slot look slower
+        than the stalled one, and keys moved *to* the stalled slot)."""
         token = next(self._ids)
-        self._inflight[token] = self.clock()
+        self._inflight[token] = (self.clock(), max(1, share))
         return token
 
     def finished(self, token: int, answered: bool) -> None:
         """The request came back; ``answered``: with an answer (its time counts)."""
-        start = self._inflight.pop(token, None)
-        if start is None or not answered:
+        started = self._inflight.pop(token, None)
+        if started is None or not answered:
             return
-        elapsed = self.clock() - start
+        start, share = started
+        elapsed = (self.clock() - start) / share
         self.mean_s = elapsed if self.mean_s is None else \
             self.mean_s + self.alpha * (elapsed - self.mean_s)
 
     def seconds(self) -> float:
-        """The slot's current round-trip estimate (0.0 before any answer or request)."""
-        oldest = min(self._inflight.values(), default=None)
-        age = self.clock() - oldest if oldest is not None else 0.0
+        """The slot's current estimate of seconds per answer (0.0 before any)."""
+        now = self.clock()
+        age = max(((now - start) / share for start, share in self._inflight.values()),
+                  default=0.0)
         return max(self.mean_s or 0.0, age)

@@ -87,8 +87,9 @@ class SlotGate:
         self._inflight_gauge.dec()
         self._wake()
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> "SlotGate":
         await self.acquire()
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()

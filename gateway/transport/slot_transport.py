@@ -178,9 +178,10 @@ class SlotTransport:
                         f"slot {model}-{slot} is now of class "
                         f"{self.directory.known_class(model, slot)}, not {expected_class}")
                 times = self._answer_times.setdefault((model, slot), AnswerTimes(self.clock))
-                async with self.gate(info):
+                async with self.gate(info) as gate:
                     start = self.clock()
-                    token = times.started()
+                    # a serialized engine answers the ones in it one after another
+                    token = times.started(gate.inflight if info.mode == "serialize" else 1)
                     answered = False
                     try:
                         status, content = await self.engine_client.post(info, path, body,

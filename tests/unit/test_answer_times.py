@@ -30,3 +30,14 @@ def test_mean_of_answered_round_trips_and_the_age_of_a_stalled_request():
     assert times.seconds() == 10.0
     times.finished(stalled, answered=False)  # a failure is not an answer time
     assert times.seconds() == 2.0
+
+
+def test_a_serialized_engines_round_trip_is_shared_by_the_requests_in_it():
+    """Four in a serialized engine: the last one's round trip is four service times."""
+    clock = Clock()
+    times = AnswerTimes(clock, alpha=1.0)
+    t = times.started(share=4)
+    clock.now = 2.0
+    assert times.seconds() == 0.5  # the oldest in flight, per answer
+    times.finished(t, answered=True)
+    assert times.seconds() == 0.5
