@@ -80,6 +80,22 @@ def detect_platform() -> Platform:
         return Platform("cpu", "cpu")
 
 
+#: The environment a tensor/pipeline-parallel slot runs with under ``auto``,
+#: ``batch_invariant`` and ``serialize``: one NCCL algorithm and protocol whatever the
+#: message size and a fixed cuBLAS workspace, the set verl's reward path uses (PR #7027).
+#: Part of the slot's numerics identity (its ``env``), so slots with and without them never
+#: share a class. Not claimed sufficient: in a ring all-reduce over more than two ranks an
+#: element's addition order follows its chunk, i.e. its position in the batch's buffer
+#: (with two ranks every element is one commutative ``a + b``); the start-up self-test
+#: (alone vs batched, bitwise) decides, and falls back to ``serialize`` when it fails.
+#: Unmeasured until a machine with two GPUs is lent (issue 16).
+TP_DETERMINISM_ENV = {
+    "NCCL_ALGO": "Ring",
+    "NCCL_PROTO": "Simple",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+}
+
+
 def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
     """The effective determinism mode of ``spec`` on ``platform``; refuses impossible ones."""
     bi_capable = platform.device == "cuda" and (platform.compute_capability or (0, 0)) >= (8, 0)
@@ -193,9 +209,20 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
         max_inflight = int(user.get("max_num_seqs", 256))
     else:  # off
         max_inflight = int(user.get("max_num_seqs", 256))
+    parallel = int(user.get("tensor_parallel_size", 1)) * int(user.get("pipeline_parallel_size", 1))
+    if mode != "off" and parallel > 1:
+        # Collectives must not follow the batch: vLLM's custom all-reduce picks its
+        # algorithm by message size (which follows the batch), NCCL its algorithm, protocol
+        # and channel count. Set before the engine starts (NCCL reads them when it
+        # initializes, in every worker the engine spawns: they inherit this environment),
+        # as verl's reward-path determinism work (PR #7027) does; user engine_env wins.
+        env.update(TP_DETERMINISM_ENV)
+        options["disable_custom_all_reduce"] = True
     for k, v in user.items():
         if mode != "off" and k in ("max_num_seqs", "enable_prefix_caching", "max_num_batched_tokens") and k in options:
             continue  # the policy's guarantees win over user overrides
+        if mode != "off" and parallel > 1 and k == "disable_custom_all_reduce":
+            continue  # batch-size-dependent all-reduce algorithms stay off
         options[k] = v
     env.update(spec.engine_env)
     if mode == "batch_invariant":

@@ -244,3 +244,23 @@ def test_engine_args_is_still_a_plain_dict_copy():
     s = spec(engine_args=raw)
     assert raw == {"max-model-len": 64} and s.engine_args == {"max_model_len": 64}
     assert copy.deepcopy(s).engine_args == s.engine_args
+
+
+def test_tensor_parallel_slots_get_collectives_that_do_not_follow_the_batch():
+    """TP > 1 under a deterministic mode: NCCL's algorithm and protocol pinned, vLLM's
+    size-dependent custom all-reduce off (an engine_args override is not taken); `off`
+    keeps vLLM's defaults. The settings are in the plan's env, hence in the identity."""
+    from deployments.engine.args import TP_DETERMINISM_ENV
+
+    gpu = Platform("cuda", "NVIDIA H200", (9, 0))
+    args = {"dtype": "bfloat16", "tensor_parallel_size": 2, "disable_custom_all_reduce": False}
+    for mode in ("auto", "serialize", "off"):
+        spec = ModelSpec(name="rm", kind="discriminative", model_path="/m", determinism=mode,
+                         engine_args=args)
+        plan = plan_engine(spec, gpu, port=9000)
+        pinned = all(plan.env.get(k) == v for k, v in TP_DETERMINISM_ENV.items())
+        assert pinned == (mode != "off")
+        assert ("--disable-custom-all-reduce" in plan.args) == (mode != "off")
+    one = plan_engine(ModelSpec(name="rm", kind="discriminative", model_path="/m",
+                                engine_args={"dtype": "bfloat16"}), gpu, port=9000)
+    assert "NCCL_ALGO" not in one.env and "--disable-custom-all-reduce" not in one.args

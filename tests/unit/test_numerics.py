@@ -68,3 +68,12 @@ def test_a_slot_whose_probes_fail_is_a_class_of_its_own(monkeypatch):
     s = spec()
     out = slot_numerics(s, plan_engine(s, CPU, port=9), CPU, "digest", "http://e")
     assert out["class_id"] is None and "ConnectError" in out["error"]
+
+
+def test_tensor_parallel_size_is_part_of_the_identity():
+    """TP 2 and TP 1 slots never share a class (TP size changes bits), nor do TP 2 slots
+    with and without the collective settings."""
+    tp1 = identity(spec(engine_args={"dtype": "float32", "tensor_parallel_size": 1}))
+    tp2 = identity(spec(engine_args={"dtype": "float32", "tensor_parallel_size": 2}))
+    assert tp1["tensor_parallel_size"] == 1 and tp2["tensor_parallel_size"] == 2 and tp1 != tp2
+    assert tp2["env"]["NCCL_ALGO"] == "Ring"  # the settings are in what decides the class
