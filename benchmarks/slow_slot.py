@@ -21,7 +21,8 @@ the same slots: ``/`` with ``placement: class`` and ``/pinned`` with ``placement
    differing answers counted against each path's first run, and how many of the slow
    slot's keys (c) answered elsewhere.
 
-    .venv/bin/python benchmarks/slow_slot.py [--quick] [--out benchmarks/results/slow_slot]
+    .venv/bin/python benchmarks/slow_slot.py [--quick] [--load-weight count|answer_time]
+        [--out benchmarks/results/slow_slot]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
 PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned")
 
 
-def config(models: Path) -> dict[str, Any]:
+def config(models: Path, load_weight: str = "count") -> dict[str, Any]:
     """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` over
     the same slot applications (so both ingresses reach the very same engines)."""
     def model(name: str, path: str, kind: str, mode: str) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def config(models: Path) -> dict[str, Any]:
             out["sampling_defaults"] = {"temperature": 1.0, "max_tokens": 8}
         return out
     gateway = {"max_queue_per_slot": 100000, "request_timeout_s": 600, "placement": "class",
-               "load_bound": 1.25, "canary_interval_s": 0}
+               "load_bound": 1.25, "load_weight": load_weight, "canary_interval_s": 0}
     compact = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
         "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
         "args": {"gateway": gateway, "models": [
@@ -231,6 +232,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--load-weight", choices=("count", "answer_time"), default="count",
+                    help="the class ingress's gateway.load_weight")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
     args = ap.parse_args()
     from deployments.demo.models import build_demo_models, demo_models_present
@@ -240,7 +243,7 @@ def main() -> None:
         build_demo_models(models)
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = args.out / "serve.yaml"
-    cfg.write_text(yaml.safe_dump(config(models)))
+    cfg.write_text(yaml.safe_dump(config(models, args.load_weight)))
     t0 = time.perf_counter()
     with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
@@ -249,7 +252,7 @@ def main() -> None:
         with duty_cycled(slow):
             report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
                                          args.rounds, args.out))
-    report.update(started_s=started, quick=args.quick, date=time.strftime("%Y-%m-%d"),
+    report.update(started_s=started, quick=args.quick, load_weight=args.load_weight, date=time.strftime("%Y-%m-%d"),
                   slow_slot="slot 0 of every model, stopped 90 % of the time")
     (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "slow_slot.png")
