@@ -252,7 +252,8 @@ def main() -> None:
         with duty_cycled(slow):
             report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
                                          args.rounds, args.out))
-    report.update(started_s=started, quick=args.quick, load_weight=args.load_weight, date=time.strftime("%Y-%m-%d"),
+    report.update(started_s=started, quick=args.quick, load_weight=args.load_weight,
+                  date=time.strftime("%Y-%m-%d"),
                   slow_slot="slot 0 of every model, stopped 90 % of the time")
     (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "slow_slot.png")
