@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import httpx
@@ -134,18 +135,23 @@ def _encode(kind: str, value, raw: bytes) -> bytes:
     return b'{"input": "\xff\xfe bad utf8"}'
 
 
-# 2,000 examples: ~1 min on CI's 2 cores (5,000 took up to 4 min of the suite's 45)
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@functools.lru_cache(maxsize=1)
+def _fuzz_app():
+    """One app for every example: building the config, the gateway and the app per example
+    was most of this test's time (4 min of CI's suite at 2,000 examples)."""
+    cfg = AppConfig.model_validate({**CONFIG, "gateway": {"max_body_bytes": 8192,
+                                                          "default_reward_model": "rm"}})
+    return create_app(RewardGateway(cfg, EchoTransport()))
+
+
+@settings(max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(endpoint=st.sampled_from(ENDPOINTS), method=st.sampled_from(["POST", "POST", "POST", "GET"]),
        kind=st.sampled_from(["json", "json", "json", "raw", "huge", "deep", "badutf8"]),
        value=st.one_of(plausible, json_value), raw=st.binary(max_size=200))
 def test_no_input_yields_5xx_or_non_json(endpoint, method, kind, value, raw):
     import asyncio
 
-    cfg = AppConfig.model_validate({**CONFIG, "gateway": {"max_body_bytes": 8192,
-                                                          "default_reward_model": "rm"}})
-    gw = RewardGateway(cfg, EchoTransport())
-    app = create_app(gw)
+    app = _fuzz_app()
 
     async def go() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
