@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 import aiohttp
 
+# rmgate's own `last_int` parser: the judge's text is read as /v1/rewards reads it
+from gateway.core.scoring import parse_last_int
+
 ADDRESS_ENV = "RMGATE_REWARD_ADDRESS"
-_INT = re.compile(r"[-+]?\d+")
 
 
 class ExternalRewardModel:
@@ -105,12 +106,6 @@ def use_rmgate(address: str | None = None) -> None:
             super().__init__(config, resource_pool, address)
 
     reward_loop.RewardModelManager = _RmgateRewardModel
-
-
-def parse_last_int(text: str) -> float | None:
-    """The last integer in the judge's text (rmgate's ``last_int`` parser), else None."""
-    found = _INT.findall(text)
-    return float(int(found[-1])) if found else None
 
 
 def judge_request(prompt: str, solution_str: str, ground_truth: Any, *, model: str | None,

@@ -92,7 +92,8 @@ class SlotTransport:
             gate = self._gates.get((model, slot))
             load[slot] = gate.inflight + gate.waiting if gate is not None else 0
             times = self._answer_times.get((model, slot))
-            service[slot] = times.seconds() if times is not None else 0.0
+            if times is not None and self.settings.load_weight == "answer_time":
+                service[slot] = times.seconds()  # only when placement weighs by it
         view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load,
                         service)
         groups = view.classes.groups
