@@ -231,6 +231,13 @@ class GatewaySettings(BaseModel):
     #: slot whose probe digest changed leaves its class (drained under ``strict``) until it
     #: matches again. 0 turns the canary off.
     canary_interval_s: float = Field(default=600.0, ge=0)
+    #: Ingress replicas (Serve replicas of the ``gateway`` deployment, each its own
+    #: process). One replica's CPU per request caps a gateway in front of small fast
+    #: engines; more replicas lift that cap without changing a bit: every replica keys,
+    #: seeds and places alike, and a slot's numerics do not depend on which ingress sent
+    #: the request (the engine itself serializes or is batch invariant). Each replica
+    #: keeps its own load view, queue limit and metrics registry (scrape each, or keep 1).
+    ingress_replicas: int = Field(default=1, ge=1)
     #: Requests waiting per slot beyond the ones in flight before answering 503.
     max_queue_per_slot: int = Field(default=4096, ge=1)
     #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)

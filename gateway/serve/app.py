@@ -113,7 +113,8 @@ def build_app(args: dict[str, Any]) -> Application:
         ]
         for m in cfg.models
     }
-    return Gateway.bind(cfg.model_dump(), handles)
+    return Gateway.options(num_replicas=cfg.gateway.ingress_replicas).bind(cfg.model_dump(),
+                                                                          handles)
 
 
 def build_ingress(args: dict[str, Any]) -> Application:
@@ -121,6 +122,7 @@ def build_ingress(args: dict[str, Any]) -> Application:
     args = dict(args)
     prefix = str(args.pop(SLOT_PREFIX_ARG, ""))
     cfg = AppConfig.model_validate(args)
+    ingress = Gateway.options(num_replicas=cfg.gateway.ingress_replicas)
     if prefix:
-        return Gateway.bind(cfg.model_dump(), None, prefix)
-    return Gateway.bind(cfg.model_dump())
+        return ingress.bind(cfg.model_dump(), None, prefix)
+    return ingress.bind(cfg.model_dump())

@@ -56,15 +56,40 @@ def slot_app(model: dict[str, Any], slot: int, prefix: str = "") -> dict[str, An
             "args": {"spec": _model_without_replicas(model), "slot": slot}}
 
 
+#: Set by rmgate in the ingress deployment: the slot counts (``replicas`` of each model,
+#: changed by ``rmgate scale``) and the replica count (``gateway.ingress_replicas``).
+RMGATE_OWNED_DEPLOYMENT_KEYS = ("user_config", "num_replicas", "autoscaling_config")
+
+
+def ingress_overrides(application: dict[str, Any]) -> dict[str, Any]:
+    """What a compact application's ``deployments`` entry says about the ingress (Serve's
+    own per-deployment options, e.g. ``ray_actor_options`` to keep it on the head node),
+    kept in the rendered config. Keys rmgate sets itself are refused with the setting
+    to use instead, and so is any other deployment name (slots are applications)."""
+    out: dict[str, Any] = {}
+    for entry in application.get("deployments") or []:
+        if entry.get("name") != INGRESS_DEPLOYMENT:
+            raise ValueError(f"deployment {entry.get('name')!r}: only the ingress "
+                             f"({INGRESS_DEPLOYMENT!r}) takes deployment options here; a "
+                             "model's slots take theirs from the model's ray_actor_options")
+        owned = [k for k in RMGATE_OWNED_DEPLOYMENT_KEYS if k in entry]
+        if owned:
+            raise ValueError(f"deployment {INGRESS_DEPLOYMENT!r}: {', '.join(owned)} is set by "
+                             "rmgate (gateway.ingress_replicas, each model's replicas)")
+        out.update({k: v for k, v in entry.items() if k != "name"})
+    return out
+
+
 def ingress_app(config: AppConfig, route_prefix: str = "/", name: str = INGRESS_APP,
-                slot_prefix: str = "") -> dict[str, Any]:
+                slot_prefix: str = "", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     dumped = config.model_dump(mode="json")
     args = {**dumped, "models": [_model_without_replicas(m) for m in dumped["models"]]}
     if slot_prefix:
         args[SLOT_PREFIX_ARG] = slot_prefix
     return {"name": name, "route_prefix": route_prefix, "import_path": INGRESS_IMPORT,
             "args": args,
-            "deployments": [{"name": INGRESS_DEPLOYMENT,
+            "deployments": [{"name": INGRESS_DEPLOYMENT, **(overrides or {}),
+                             "num_replicas": config.gateway.ingress_replicas,
                              "user_config": {"slots": {m.name: m.replicas
                                                        for m in config.models}}}]}
 
@@ -94,7 +119,8 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
         # and prefixes its slots with it, so their applications cannot collide.
         name, prefix = ((INGRESS_APP, "") if len(compact) == 1
                         else (application["name"], f"{application['name']}-"))
-        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/", name, prefix))
+        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/", name, prefix,
+                                ingress_overrides(application)))
         for model in cfg.models:
             dumped = model.model_dump(mode="json")
             apps.extend(slot_app(dumped, i, prefix) for i in range(model.replicas))

@@ -89,3 +89,36 @@ def test_several_gateways_in_one_config_get_their_own_names_and_slot_prefixes():
     one = topology.render({"applications": two["applications"][:1]})["applications"]
     assert [a["name"] for a in one] == ["rmgate", "rm-0", "rm-1"]
     assert topology.SLOT_PREFIX_ARG not in one[0]["args"]
+
+
+def test_ingress_replicas_become_the_ingress_deployments_num_replicas():
+    one = topology.render(COMPACT)["applications"][0]["deployments"][0]
+    assert one["num_replicas"] == 1  # the default: one ingress process
+    cfg = copy.deepcopy(COMPACT)
+    cfg["applications"][0]["args"]["gateway"] = {"ingress_replicas": 3}
+    rendered = topology.render(cfg)
+    ServeDeploySchema.model_validate(rendered)
+    ingress = rendered["applications"][0]
+    assert ingress["deployments"][0]["num_replicas"] == 3
+    scaled = topology.with_slot_count(rendered["applications"], "rm", 3)
+    assert scaled[0]["deployments"][0]["num_replicas"] == 3  # scaling a model keeps it
+    cfg["applications"][0]["args"]["gateway"] = {"ingress_replicas": 0}
+    with pytest.raises(ValueError, match="ingress_replicas"):
+        topology.render(cfg)
+
+
+def test_the_ingress_keeps_serves_own_deployment_options_from_the_compact_config():
+    cfg = copy.deepcopy(COMPACT)
+    cfg["applications"][0]["deployments"] = [
+        {"name": "gateway", "ray_actor_options": {"resources": {"head": 0.01}}}]
+    rendered = topology.render(cfg)
+    ServeDeploySchema.model_validate(rendered)
+    ingress = rendered["applications"][0]["deployments"][0]
+    assert ingress["ray_actor_options"] == {"resources": {"head": 0.01}}
+    assert ingress["user_config"] == {"slots": {"judge": 2, "rm": 2}}
+    for bad, match in ((
+            {"name": "gateway", "num_replicas": 2}, "ingress_replicas"),
+            ({"name": "rm-0", "ray_actor_options": {}}, "only the ingress")):
+        cfg["applications"][0]["deployments"] = [bad]
+        with pytest.raises(ValueError, match=match):
+            topology.render(cfg)
