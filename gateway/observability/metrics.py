@@ -36,6 +36,10 @@ SEEDS_DERIVED = Counter("rmgate_seeds_derived", "GRM requests whose seed the gat
 PLACED_AWAY = Counter("rmgate_placements_away", "Engine requests answered by a class mate of "
                       "the key's own slot, by reason (load, drained, unavailable)",
                       ["model", "reason"], registry=REGISTRY)
+ANSWER_SECONDS = Gauge("rmgate_slot_answer_seconds", "Seconds per answer of each slot's "
+                       "engine (EWMA of answered round trips, each divided by the requests "
+                       "it waited behind in a serialized engine)", ["model", "slot"],
+                       registry=REGISTRY)
 SLOT_CLASS = Gauge("rmgate_slot_class", "1 for each slot's numerics class (as last reported)",
                    ["model", "slot", "numerics_class"], registry=REGISTRY)
 CANARY_DRIFT = Counter("rmgate_canary_drift", "Slots whose probe digest changed under a "

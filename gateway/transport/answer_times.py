@@ -12,15 +12,21 @@ alone would not move). Mechanism only: placement (``gateway.core.placement``) de
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Callable, Protocol
+
+
+class GaugeChild(Protocol):
+    def set(self, value: float) -> None: ...
 
 
 class AnswerTimes:
     """Round-trip seconds of one slot's engine requests (peak EWMA)."""
 
-    def __init__(self, clock: Callable[[], float], alpha: float = 0.3) -> None:
+    def __init__(self, clock: Callable[[], float], alpha: float = 0.3,
+                 gauge: GaugeChild | None = None) -> None:
         self.clock = clock
         self.alpha = alpha
+        self.gauge = gauge  # where the mean is shown (rmgate_slot_answer_seconds)
         self.mean_s: float | None = None
         self._inflight: dict[int, float] = {}
         self._ids = itertools.count()
@@ -45,6 +51,8 @@ class AnswerTimes:
         elapsed = (self.clock() - start) / share
         self.mean_s = elapsed if self.mean_s is None else \
             self.mean_s + self.alpha * (elapsed - self.mean_s)
+        if self.gauge is not None:
+            self.gauge.set(self.mean_s)
 
     def seconds(self) -> float:
         """The slot's current estimate of seconds per answer (0.0 before any)."""

@@ -178,7 +178,10 @@ class SlotTransport:
                     raise SlotClassChanged(
                         f"slot {model}-{slot} is now of class "
                         f"{self.directory.known_class(model, slot)}, not {expected_class}")
-                times = self._answer_times.setdefault((model, slot), AnswerTimes(self.clock))
+                times = self._answer_times.get((model, slot))
+                if times is None:
+                    times = self._answer_times[(model, slot)] = AnswerTimes(
+                        self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels))
                 async with self.gate(info) as gate:
                     start = self.clock()
                     # a serialized engine answers the ones in it one after another

@@ -41,3 +41,18 @@ def test_a_serialized_engines_round_trip_is_shared_by_the_requests_in_it():
     assert times.seconds() == 0.5  # the oldest in flight, per answer
     times.finished(t, answered=True)
     assert times.seconds() == 0.5
+
+
+def test_the_mean_is_shown_on_the_slots_gauge():
+    class Gauge:
+        value = None
+
+        def set(self, value: float) -> None:
+            self.value = value
+
+    clock, gauge = Clock(), Gauge()
+    times = AnswerTimes(clock, alpha=1.0, gauge=gauge)
+    t = times.started(share=2)
+    clock.now = 3.0
+    times.finished(t, answered=True)
+    assert gauge.value == 1.5
