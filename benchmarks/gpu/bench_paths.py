@@ -232,20 +232,6 @@ def memory_gib(layout: Layout) -> float:
     return round(total, 1)
 
 
-def with_ingress_replicas(cfg: dict[str, Any], n: int) -> dict[str, Any]:
-    """The rendered (per-slot) config with ``n`` ingress replicas (the compact config has no
-    key for it; ``rmgate serve`` passes rendered configs through)."""
-    from gateway.serve import topology
-
-    rendered = topology.render(cfg)
-    for app in rendered["applications"]:
-        if app.get("import_path") in topology.INGRESS_IMPORTS:
-            for d in app.setdefault("deployments", []):
-                if d.get("name") == topology.INGRESS_DEPLOYMENT:
-                    d["num_replicas"] = n
-    return rendered
-
-
 def _kill_marked(marker: str) -> list[int]:
     from benchmarks.harness import processes_with_env
 
