@@ -168,7 +168,10 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
 def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=False,
                                                  help="A compact rmgate Serve config."),
                    port: Optional[int] = typer.Option(None, help="Override http_options.port."),
-                   output: Optional[Path] = typer.Option(None, "-o", "--output")) -> None:
+                   output: Optional[Path] = typer.Option(None, "-o", "--output"),
+                   rayservice: Optional[str] = typer.Option(
+                       None, help="Print a KubeRay RayService for this image instead "
+                       "(docker/kuberay/).")) -> None:
     """Print the per-slot Serve config that `rmgate serve` deploys (for `serve deploy`).
 
     Edit `replicas` in CONFIG, render again and `serve deploy` the result: only the added
@@ -178,7 +181,12 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
     rendered = render(load_serve_config(config))
     if port is not None:
         rendered.setdefault("http_options", {})["port"] = port
-    text = yaml.safe_dump(rendered, sort_keys=False)
+    if rayservice is not None:
+        from gateway.serve import kuberay
+
+        text = kuberay.dump(kuberay.rayservice(rendered, image=rayservice))
+    else:
+        text = yaml.safe_dump(rendered, sort_keys=False)
     if output is None:
         typer.echo(text, nl=False)
     else:
