@@ -81,8 +81,10 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
 
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                      ready: Optional[threading.Event] = None, dashboard: bool = True,
-                     proxy: Optional[str] = None) -> None:
-    """Start Ray (local), Serve and every application of ``config``; block until a signal."""
+                     proxy: Optional[str] = None, address: Optional[str] = None) -> None:
+    """Start Ray (local, or join the cluster at ``address``), Serve and every application
+    of ``config``; block until a signal. On a cluster, a signal deletes the applications
+    this command deployed and leaves the cluster (and Serve) running."""
     import shutil
     import tempfile
 
@@ -122,11 +124,20 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     except ValueError as exc:
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None
-    context = ray.init(address="local", include_dashboard=dashboard,
-                       dashboard_host="127.0.0.1", log_to_driver=False,
-                       **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS else {}))
+    if address is None:
+        context = ray.init(address="local", include_dashboard=dashboard,
+                           dashboard_host="127.0.0.1", log_to_driver=False,
+                           **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS
+                              else {}))
+    else:
+        # An existing cluster: Ray's own resources place the slots; its nodes were started
+        # with (or without) the HTTP-path environment, which is read at `ray start`.
+        context = ray.init(address=address, log_to_driver=False,
+                           **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS
+                              else {}))
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port},
+                    **({"proxy_location": "EveryNode"} if address is not None else {}))
         rendered["http_options"] = {"host": host, "port": port}
         deploy_local(rendered, timeout_s=_startup_timeout(rendered))
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
@@ -145,7 +156,11 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         typer.echo("rmgate: shutting down")
     finally:
         try:
-            serve.shutdown()
+            if address is None:
+                serve.shutdown()
+            else:  # the cluster is not ours: remove only what this command deployed
+                for application in rendered["applications"]:
+                    serve.delete(application["name"])
         finally:
             ray.shutdown()
             shutil.rmtree(proxy_dir, ignore_errors=True)
@@ -159,9 +174,12 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
           port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000)."),
           dashboard: bool = typer.Option(True, help="Start Ray's dashboard on 127.0.0.1 (needed "
                                          "by `serve status` and `serve deploy`)."),
-          proxy: Optional[str] = PROXY_OPTION) -> None:
+          proxy: Optional[str] = PROXY_OPTION,
+          address: Optional[str] = typer.Option(
+              None, help="Join an existing Ray cluster (`auto` or HOST:PORT) instead of "
+              "starting a local one; Ctrl-C then removes only rmgate's applications.")) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
-    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy)
+    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy, address=address)
 
 
 @app.command("render")
