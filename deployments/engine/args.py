@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.engine.guard import SECRET_ENV
 from gateway.core.config import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
 
 
@@ -78,6 +79,16 @@ def detect_platform() -> Platform:
         return Platform("cuda", name, (int(major), int(minor)))
     except (subprocess.SubprocessError, OSError, ValueError, IndexError):
         return Platform("cpu", "cpu")
+
+
+#: vLLM ``--middleware`` that makes an engine answer only its gateway (``secret``).
+ENGINE_GUARD = "deployments.engine.guard.EngineSecretMiddleware"
+
+
+def engine_headers(plan: EnginePlan) -> dict[str, str]:
+    """The headers a call to this plan's engine needs (its secret, when it has one)."""
+    secret = plan.env.get(SECRET_ENV)
+    return {"authorization": f"Bearer {secret}"} if secret else {}
 
 
 #: The environment a tensor/pipeline-parallel slot runs with under ``auto``,
@@ -158,7 +169,7 @@ def _user_engine_args(spec: ModelSpec) -> dict[str, Any]:
 
 
 def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1",
-                slot: int = 0) -> EnginePlan:
+                slot: int = 0, secret: str | None = None) -> EnginePlan:
     """Everything needed to start one slot's vLLM OpenAI server for ``spec``.
 
     rmgate's own options (``OWNED_ENGINE_ARGS``: model, served_model_name, host, port,
@@ -225,6 +236,11 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
             continue  # batch-size-dependent all-reduce algorithms stay off
         options[k] = v
     env.update(spec.engine_env)
+    if secret is not None:
+        # vLLM's --api-key leaves /classify and /pooling open; this guards every path but
+        # /health. The secret travels in the environment, never on the command line.
+        options["middleware"] = ENGINE_GUARD
+        env[SECRET_ENV] = secret
     if mode == "batch_invariant":
         options["attention_backend"] = attention  # not overridable by a later engine_args key
     return EnginePlan(mode=mode, args=_cli_args(options), env=env, max_inflight=max_inflight,

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from deployments.engine.args import EnginePlan, Platform
+from deployments.engine.args import EnginePlan, Platform, engine_headers
 from deployments.engine.fingerprint import vllm_version
 from deployments.engine.selftest import probe_requests
 from gateway.core.answers import answer_of
@@ -107,10 +107,11 @@ def slot_identity(spec: ModelSpec, plan: EnginePlan, platform: Platform,
 
 
 def probe_digest(url: str, kind: str, model: str, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None) -> str:
+                 transport: httpx.BaseTransport | None = None,
+                 headers: dict[str, str] | None = None) -> str:
     """sha256 over the canonical answers to the golden probes, sent one at a time."""
     answers = []
-    with httpx.Client(timeout=timeout_s, transport=transport) as client:
+    with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client:
         for path, body in probe_requests(kind, model):
             resp = client.post(url + path, json=body)
             resp.raise_for_status()
@@ -124,7 +125,7 @@ def slot_numerics(spec: ModelSpec, plan: EnginePlan, platform: Platform, model_d
     reason when the probes could not be answered: the slot is then a class of its own)."""
     identity = slot_identity(spec, plan, platform, model_digest)
     try:
-        digest = probe_digest(url, spec.kind, spec.name)
+        digest = probe_digest(url, spec.kind, spec.name, headers=engine_headers(plan))
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return {"class_id": None, "probe_digest": None, "identity": identity,
                 "error": f"probes failed: {type(exc).__name__}: {exc}"}

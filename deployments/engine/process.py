@@ -43,6 +43,7 @@ class EngineProcess:
 
     def __init__(self, plan: EnginePlan, host: str, port: int, name: str) -> None:
         self.plan = plan
+        self.host = host
         self.url = f"http://{host}:{port}"
         self.name = name
         self.log_path = log_dir() / f"{name}-{port}.log"

@@ -69,14 +69,15 @@ def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> di
 
 
 def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None) -> SelfTestResult:
+                 transport: httpx.BaseTransport | None = None,
+                 headers: dict[str, str] | None = None) -> SelfTestResult:
     """Warm-up batch, every probe alone, one batch in another order; compare bitwise."""
     probes = probe_requests(kind, model)
     order_a, order_b = list(range(len(probes))), list(range(len(probes)))
     random.Random(1).shuffle(order_a)
     random.Random(2).shuffle(order_b)
     try:
-        with httpx.Client(timeout=timeout_s, transport=transport) as client, \
+        with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client, \
                 ThreadPoolExecutor(max_workers=len(probes)) as pool:
             def batch(order: list[int]) -> dict[int, Answer]:
                 futures = {i: pool.submit(_send, client, url, *probes[i]) for i in order}

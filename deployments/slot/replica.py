@@ -9,6 +9,7 @@ not stall requests bound for healthy ones (docs/design.md, "Topology").
 from __future__ import annotations
 
 import logging
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import httpx
 from ray import serve
 from ray.serve import Application
 
-from deployments.engine.args import detect_platform, needs_selftest, plan_engine
+from deployments.engine.args import detect_platform, engine_headers, needs_selftest, plan_engine
 from deployments.engine.process import EngineProcess, free_port
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
@@ -27,6 +28,14 @@ from gateway.core.config import ModelSpec
 logger = logging.getLogger("ray.serve")
 
 ENGINE_HOST = "127.0.0.1"
+
+
+def _node_address() -> str:
+    """This Ray node's address (``--node-ip-address`` of its raylet: loopback in the
+    one-machine tests, the interface address on a real cluster)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 @serve.deployment(
@@ -46,7 +55,8 @@ class SlotReplica:
         self.selftest: dict[str, Any] | None = None
         self._start_engine(self.spec)
         if needs_selftest(self.spec, self.plan.mode):
-            result = run_selftest(self.engine.url, self.spec.kind, self.spec.name)
+            result = run_selftest(self.engine.url, self.spec.kind, self.spec.name,
+                                  headers=engine_headers(self.plan))
             self.selftest = {**result.as_dict(), "mode": self.plan.mode}
             logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
             if not result.passed:
@@ -64,9 +74,13 @@ class SlotReplica:
                     self.engine.url, self.plan.mode)
 
     def _start_engine(self, spec: ModelSpec) -> None:
-        port = free_port(ENGINE_HOST)
-        self.plan = plan_engine(spec, self.platform, port=port, host=ENGINE_HOST,
-                                slot=self.slot)
+        # loopback: only this node reaches the engine; node: the ingress on another node
+        # does too, with the secret only it is told (endpoint())
+        host = ENGINE_HOST if spec.engine_host == "loopback" else _node_address()
+        self.secret = secrets.token_urlsafe(32) if spec.engine_host == "node" else None
+        port = free_port(host)
+        self.plan = plan_engine(spec, self.platform, port=port, host=host,
+                                slot=self.slot, secret=self.secret)
         self.model_digest = digest_dir(spec.model_path)
         self.fingerprint = build_fingerprint(
             model_digest=self.model_digest, device=self.platform.name,
@@ -76,7 +90,7 @@ class SlotReplica:
             cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
             self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
             self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        self.engine = EngineProcess(self.plan, ENGINE_HOST, port, f"{spec.name}-{self.slot}")
+        self.engine = EngineProcess(self.plan, host, port, f"{spec.name}-{self.slot}")
         logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
                     port, self.plan.mode)
         self.engine.start()
@@ -87,12 +101,14 @@ class SlotReplica:
         return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
                 "max_inflight": self.plan.max_inflight, "slot": self.slot,
                 "engine_pid": self.engine.pid, "selftest": self.selftest,
-                "numerics": self.numerics}
+                "numerics": self.numerics, "node": self.engine.host,
+                **({"secret": self.secret} if self.secret else {})}
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """The ``handle`` transport: post ``body`` to the engine from inside the replica."""
         resp = await self.client.post(self.engine.url + path, content=body, timeout=timeout_s,
-                                      headers={"content-type": "application/json"})
+                                      headers={"content-type": "application/json",
+                                               **engine_headers(self.plan)})
         return resp.status_code, resp.content
 
     async def check_health(self) -> None:

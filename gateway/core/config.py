@@ -153,6 +153,12 @@ class ModelSpec(BaseModel):
     #: without changing a bit (tests/integration/test_negative_control.py). 1 serializes at
     #: the ingress as well.
     serialize_inflight: int = Field(default=4, ge=1, le=256)
+    #: Where the slot's engine listens: ``loopback`` (127.0.0.1: only its own node reaches
+    #: it; the ``handle`` transport crosses nodes) or ``node`` (its node's address, for an
+    #: ingress on another node with the ``direct`` transport). A ``node`` engine gets a
+    #: generated secret and refuses every request without it but ``/health``
+    #: (``deployments.engine.guard``), so only the gateway can call it.
+    engine_host: Literal["loopback", "node"] = "loopback"
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
 

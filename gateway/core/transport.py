@@ -28,13 +28,24 @@ class SlotInfo:
     raw: dict[str, Any] = field(default_factory=dict)
     #: The slot's numerics class (``gateway.core.numerics``); None when it reported none.
     numerics_class: str | None = None
+    #: The engine's secret (``engine_host: node``): sent as ``Authorization: Bearer``.
+    secret: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to this slot's engine carries."""
+        out = {"content-type": "application/json"}
+        if self.secret:
+            out["authorization"] = f"Bearer {self.secret}"
+        return out
 
     @classmethod
     def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> "SlotInfo":
         numerics = raw.get("numerics") or {}
         return cls(model=model, slot=slot, url=raw["url"], fingerprint=raw.get("fingerprint"),
-                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)), raw=raw,
-                   numerics_class=numerics.get("class_id"))
+                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)),
+                   raw={k: v for k, v in raw.items() if k != "secret"},  # never shown
+                   numerics_class=numerics.get("class_id"), secret=raw.get("secret"))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from gateway.core.transport import (EngineConnectionLost, EngineNoAnswer, Engine
                                     SlotInfo)
 
 CONNECT_TIMEOUT_S = 5.0
-_JSON = {"content-type": "application/json"}
 
 
 class AiohttpEngineClient:
@@ -49,7 +48,7 @@ class AiohttpEngineClient:
         url = target.url + path
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         try:
-            async with self._get_session().post(url, data=body, headers=_JSON,
+            async with self._get_session().post(url, data=body, headers=target.headers,
                                                 timeout=timeout) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ConnectionTimeoutError as exc:
@@ -102,7 +101,7 @@ class HttpxEngineClient:
         url = target.url + path
         try:
             resp = await self._client.post(
-                url, content=body, headers=_JSON,
+                url, content=body, headers=target.headers,
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise EngineUnreachable(f"{url}: {exc}") from exc

@@ -41,3 +41,21 @@ def test_no_secret_refuses_to_start(monkeypatch):
     monkeypatch.delenv("RMGATE_ENGINE_SECRET", raising=False)
     with pytest.raises(RuntimeError, match="open"):
         EngineSecretMiddleware(_app())
+
+
+def test_a_node_engine_plan_carries_the_guard_and_its_secret_only_in_the_environment():
+    from deployments.engine.args import ENGINE_GUARD, Platform, engine_headers, plan_engine
+    from gateway.core.config import ModelSpec
+    from gateway.core.transport import SlotInfo
+
+    spec = ModelSpec(name="rm", kind="discriminative", model_path="/m", engine_host="node")
+    plan = plan_engine(spec, Platform("cpu", "cpu"), port=9, host="10.0.0.7", secret="xyz")
+    assert plan.args[plan.args.index("--middleware") + 1] == ENGINE_GUARD
+    assert "xyz" not in " ".join(plan.args) and plan.env["RMGATE_ENGINE_SECRET"] == "xyz"
+    assert engine_headers(plan) == {"authorization": "Bearer xyz"}
+    info = SlotInfo.from_endpoint("rm", 0, {"url": "http://10.0.0.7:9", "mode": "serialize",
+                                            "secret": "xyz"})
+    assert info.headers["authorization"] == "Bearer xyz" and "xyz" not in repr(info)
+    loopback = plan_engine(ModelSpec(name="rm", kind="discriminative", model_path="/m"),
+                           Platform("cpu", "cpu"), port=9)
+    assert "--middleware" not in loopback.args and engine_headers(loopback) == {}
