@@ -127,5 +127,5 @@ def build_slot(args: dict[str, Any]) -> Application:
     adding or removing slots never changes this application's version (``gateway.serve.topology``)."""
     spec = ModelSpec(**args["spec"])
     slot = int(args["slot"])
-    return SlotReplica.options(ray_actor_options=spec.ray_actor_options).bind(
+    return SlotReplica.options(ray_actor_options=spec.actor_options(slot)).bind(
         spec.model_dump(), slot)

@@ -133,6 +133,23 @@ class ModelSpec(BaseModel):
     engine_env: dict[str, str] = Field(default_factory=dict)
     #: Ray actor options of each slot's replica (num_cpus, num_gpus, resources...).
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0})
+    #: Per slot index (wrapping), options merged over ``ray_actor_options``: where each
+    #: slot may run, by Ray custom resources or node labels, e.g. ``[{"resources":
+    #: {"nodeA": 0.01}}, {"resources": {"nodeB": 0.01}}]`` puts slot 0 on the node that
+    #: offers ``nodeA`` and slot 1 on ``nodeB``'s. A slot's options depend only on its
+    #: index, so scaling never moves a running slot.
+    slot_ray_actor_options: list[dict[str, Any]] = Field(default_factory=list)
+
+    def actor_options(self, slot: int) -> dict[str, Any]:
+        """The Ray actor options of slot ``slot``'s replica."""
+        if not self.slot_ray_actor_options:
+            return dict(self.ray_actor_options)
+        extra = self.slot_ray_actor_options[slot % len(self.slot_ray_actor_options)]
+        out = {**self.ray_actor_options, **extra}
+        for key in ("resources", "label_selector"):  # merged, not replaced
+            if key in self.ray_actor_options and key in extra:
+                out[key] = {**self.ray_actor_options[key], **extra[key]}
+        return out
     #: Requests waiting per slot of this model (overrides gateway.max_queue_per_slot).
     max_queue_per_slot: int | None = Field(default=None, ge=1)
     #: The start-up self-test (deployments/selftest.py): ``auto`` runs it when the slot

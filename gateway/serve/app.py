@@ -108,7 +108,7 @@ def build_app(args: dict[str, Any]) -> Application:
     handles = {
         m.name: [
             SlotReplica.options(name=slot_app_name(m.name, i),
-                                ray_actor_options=m.ray_actor_options).bind(m.model_dump(), i)
+                                ray_actor_options=m.actor_options(i)).bind(m.model_dump(), i)
             for i in range(m.replicas)
         ]
         for m in cfg.models

@@ -59,3 +59,17 @@ def test_a_node_engine_plan_carries_the_guard_and_its_secret_only_in_the_environ
     loopback = plan_engine(ModelSpec(name="rm", kind="discriminative", model_path="/m"),
                            Platform("cpu", "cpu"), port=9)
     assert "--middleware" not in loopback.args and engine_headers(loopback) == {}
+
+
+def test_per_slot_actor_options_place_each_slot_by_its_index():
+    from gateway.core.config import ModelSpec
+
+    spec = ModelSpec(name="rm", kind="discriminative", model_path="/m",
+                     ray_actor_options={"num_cpus": 1, "resources": {"rmgate": 0.01}},
+                     slot_ray_actor_options=[{"resources": {"nodeA": 0.01}},
+                                             {"resources": {"nodeB": 0.01}}])
+    assert spec.actor_options(0) == {"num_cpus": 1, "resources": {"rmgate": 0.01, "nodeA": 0.01}}
+    assert spec.actor_options(1)["resources"] == {"rmgate": 0.01, "nodeB": 0.01}
+    assert spec.actor_options(2) == spec.actor_options(0)  # wrapping: by index only
+    plain = ModelSpec(name="rm", kind="discriminative", model_path="/m")
+    assert plain.actor_options(5) == {"num_cpus": 0}
