@@ -38,6 +38,15 @@ def _node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def _where(engine: EngineProcess) -> dict[str, Any]:
+    """Where this slot runs, for ``/v1/models``: on one machine with several raylets the
+    address is the same for every node, so the Ray node id is what tells them apart."""
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "address": _node_address(),
+            "engine_host": engine.host, "engine_pid": engine.pid}
+
+
 @serve.deployment(
     num_replicas=1,
     max_ongoing_requests=4096,
@@ -101,7 +110,7 @@ class SlotReplica:
         return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
                 "max_inflight": self.plan.max_inflight, "slot": self.slot,
                 "engine_pid": self.engine.pid, "selftest": self.selftest,
-                "numerics": self.numerics, "node": self.engine.host,
+                "numerics": self.numerics, "node": _where(self.engine),
                 **({"secret": self.secret} if self.secret else {})}
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:

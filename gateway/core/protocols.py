@@ -96,6 +96,9 @@ class ModelCard(BaseModel):
     numerics: list[dict[str, Any] | None] = Field(
         default_factory=list, description="Per slot: identity (what decides its bits) and "
         "probe digest.")
+    nodes: list[dict[str, Any] | None] = Field(
+        default_factory=list, description="Per slot: where it runs (the Ray node's id and "
+        "address, the engine's host and pid); null while the slot is not reachable.")
 
 
 class ModelList(BaseModel):

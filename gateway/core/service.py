@@ -281,5 +281,6 @@ class RewardGateway:
                 classes=view.classes.groups,
                 drained={str(s): r for s in range(n)
                          if (r := view.classes.drain_reason(s)) is not None},
-                numerics=[i.raw.get("numerics") if i else None for i in infos]))
+                numerics=[i.raw.get("numerics") if i else None for i in infos],
+                nodes=[i.raw.get("node") if i else None for i in infos]))
         return ModelList(data=cards)

@@ -118,6 +118,11 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
     url, nodes = cluster_gateway
     assert [p.name.split("-")[1] for p in _engines_on(nodes, "A")] == ["0"]  # rm-0 on A
     assert [p.name.split("-")[1] for p in _engines_on(nodes, "B")] == ["1"]  # rm-1 on B
+    card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    where = card["nodes"]
+    assert where[0]["node_id"] != where[1]["node_id"]  # /v1/models shows where each runs
+    assert where[0]["engine_pid"] in processes_with_env(nodes["A"][0])
+    assert where[1]["engine_pid"] in processes_with_env(nodes["B"][0])
     runs = []
     for seed in (1, 2):
         order = list(TEXTS)
