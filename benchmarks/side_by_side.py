@@ -93,8 +93,10 @@ def answer(path: str, payload: dict[str, Any]) -> str:
 
 
 async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
-               order: list[int] | None = None, strict: bool = True) -> dict[str, Any]:
-    """Send ``calls`` (call i to ``urls[i % len(urls)]``); latencies, wall time, answers.
+               order: list[int] | None = None, strict: bool = True,
+               headers: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """Send ``calls`` (call i to ``urls[i % len(urls)]``, with ``headers[url]`` if given);
+    latencies, wall time, answers.
 
     ``strict=False`` counts failed requests (non-200 or a transport error) in ``errors``
     with the first message instead of raising: an overhead sweep reports them per path."""
@@ -109,11 +111,12 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
             keepalive_expiry=2.0)) as c:  # below the servers' 5 s keep-alive: no reuse race
         async def one(i: int) -> None:
             path, body = calls[i]
-            url = urls[i % len(urls)] + path
+            base = urls[i % len(urls)]
+            url = base + path
             async with sem:
                 t = time.perf_counter()
                 try:
-                    r = await c.post(url, json=body)
+                    r = await c.post(url, json=body, headers=(headers or {}).get(base))
                 except httpx.HTTPError as exc:
                     if strict:
                         raise

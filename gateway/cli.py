@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -81,7 +82,8 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
 
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                      ready: Optional[threading.Event] = None, dashboard: bool = True,
-                     proxy: Optional[str] = None, address: Optional[str] = None) -> None:
+                     proxy: Optional[str] = None, address: Optional[str] = None,
+                     proxy_location: str = "EveryNode") -> None:
     """Start Ray (local, or join the cluster at ``address``), Serve and every application
     of ``config``; block until a signal. On a cluster, a signal deletes the applications
     this command deployed and leaves the cluster (and Serve) running."""
@@ -137,7 +139,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                               else {}))
     try:
         serve.start(http_options={"host": host, "port": port},
-                    **({"proxy_location": "EveryNode"} if address is not None else {}))
+                    **({"proxy_location": proxy_location} if address is not None else {}))
         rendered["http_options"] = {"host": host, "port": port}
         deploy_local(rendered, timeout_s=_startup_timeout(rendered))
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
@@ -166,6 +168,13 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
             shutil.rmtree(proxy_dir, ignore_errors=True)
 
 
+class ProxyLocation(str, Enum):
+    """Serve's ``proxy_location`` values that take HTTP traffic."""
+
+    every_node = "EveryNode"
+    head_only = "HeadOnly"
+
+
 @app.command()
 def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
                                          help="A Ray Serve config file (applications + args)."),
@@ -177,9 +186,14 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
           proxy: Optional[str] = PROXY_OPTION,
           address: Optional[str] = typer.Option(
               None, help="Join an existing Ray cluster (`auto` or HOST:PORT) instead of "
-              "starting a local one; Ctrl-C then removes only rmgate's applications.")) -> None:
+              "starting a local one; Ctrl-C then removes only rmgate's applications."),
+          proxy_location: ProxyLocation = typer.Option(
+              ProxyLocation.every_node, help="On a cluster: where Serve runs an HTTP proxy "
+              "(every node, so a trainer can point at any; HeadOnly where nodes share one "
+              "address, e.g. several nodes on one machine).")) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
-    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy, address=address)
+    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy, address=address,
+                     proxy_location=proxy_location.value)
 
 
 @app.command("render")

@@ -17,90 +17,51 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import (end_leftovers, free_port, processes_with_env,
-                                stop_process_group, wait_until_serving)
+from benchmarks.ray_cluster import local_cluster, rmgate_on_cluster
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 TEXTS = [f"{a}+{b}={c}" for a in range(10) for b in range(10) for c in range(0, 19, 9)][:200]
-
-
-def _ray_start(args: list[str], marker: str, logs: Path) -> None:
-    env = {**os.environ, "RMGATE_TEST_NODE": marker, "RMGATE_LOG_DIR": str(logs),
-           "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    out = subprocess.run([str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
-                          "--disable-usage-stats", *args], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
-def _end(marker: str) -> None:
-    for pid in processes_with_env(marker):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    end_leftovers(marker, timeout_s=30)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(GCS address, {node: (marker, engine log dir)}) of a two-node Ray cluster."""
-    run = uuid.uuid4().hex[:8]
-    nodes = {n: (f"rmgate-node-{n}-{run}", tmp_path_factory.mktemp(f"node{n}"))
-             for n in ("A", "B")}
-    port = free_port()
-    try:
-        _ray_start(["--head", "--port", str(port), "--num-cpus", "2",
-                    "--dashboard-host", "127.0.0.1", "--resources", '{"nodeA": 1}'],
-                   *nodes["A"])
-        _ray_start(["--address", f"127.0.0.1:{port}", "--num-cpus", "2",
-                    "--resources", '{"nodeB": 1}'], *nodes["B"])
-        yield f"127.0.0.1:{port}", nodes
-    finally:
-        for marker, _ in reversed(list(nodes.values())):
-            _end(marker)
+    """(GCS address, nodes) of a two-node Ray cluster: A the head, B a worker."""
+    with local_cluster(["nodeA", "nodeB"], tmp_path_factory.mktemp("cluster")) as out:
+        yield out
+
+
+def multinode_config(demo_models: Path, where: list[str]) -> dict:
+    """configs/test-cpu.yaml's DisRM alone, slot i on node ``where[i]``, engines on the
+    node address with their secret, the ingress kept on the head (the node that takes HTTP
+    traffic here, and the one not lost)."""
+    cfg = yaml.safe_load((REPO / "configs" / "test-cpu.yaml").read_text())
+    app = cfg["applications"][0]
+    rm = next(m for m in app["args"]["models"] if m["name"] == "rm")
+    rm.update(engine_host="node", model_path=str(demo_models / "disrm"), replicas=len(where),
+              slot_ray_actor_options=[{"resources": {n: 0.01}} for n in where])
+    app["args"]["models"] = [rm]
+    app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
+                              "default_reward_model": "rm"}
+    app["deployments"] = [{"name": "gateway",
+                           "ray_actor_options": {"num_cpus": 0, "resources": {where[0]: 0.01}}}]
+    return cfg
 
 
 @pytest.fixture(scope="module")
 def cluster_gateway(cluster, demo_models, tmp_path_factory):
     address, nodes = cluster
-    cfg = yaml.safe_load((REPO / "configs" / "test-cpu.yaml").read_text())
-    app = cfg["applications"][0]["args"]
-    rm = next(m for m in app["models"] if m["name"] == "rm")
-    rm.update(engine_host="node", slot_ray_actor_options=[
-        {"resources": {"nodeA": 0.01}}, {"resources": {"nodeB": 0.01}}])
-    app["models"] = [rm]
-    app["gateway"] = {"slot_wait_s": 180, "placement": "class", "default_reward_model": "rm"}
-    rm["model_path"] = str(demo_models / "disrm")
-    path = tmp_path_factory.mktemp("mn") / "serve.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    log = path.parent / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(path),
-                                 "--port", str(port), "--address", address, "--proxy", "serve"],
-                                cwd=REPO, env={**os.environ, "RAY_AUTH_MODE": "token"},
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(url, proc, log, 900)
+    work = tmp_path_factory.mktemp("mn")
+    path = work / "serve.yaml"
+    path.write_text(yaml.safe_dump(multinode_config(demo_models, ["nodeA", "nodeB"])))
+    with rmgate_on_cluster(path, address, work) as url:
         yield url, nodes
-    finally:
-        stop_process_group(proc)
-
-
-def _engines_on(nodes: dict, node: str) -> list[Path]:
-    return sorted(nodes[node][1].glob("rm-*.log"))
 
 
 async def _replay(url: str, texts: list[str], concurrency: int = 32) -> dict[str, tuple]:
@@ -116,13 +77,13 @@ async def _replay(url: str, texts: list[str], concurrency: int = 32) -> dict[str
 
 async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gateway):
     url, nodes = cluster_gateway
-    assert [p.name.split("-")[1] for p in _engines_on(nodes, "A")] == ["0"]  # rm-0 on A
-    assert [p.name.split("-")[1] for p in _engines_on(nodes, "B")] == ["1"]  # rm-1 on B
+    assert [p.name.split("-")[1] for p in nodes["nodeA"].engine_logs("rm")] == ["0"]
+    assert [p.name.split("-")[1] for p in nodes["nodeB"].engine_logs("rm")] == ["1"]
     card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
     where = card["nodes"]
     assert where[0]["node_id"] != where[1]["node_id"]  # /v1/models shows where each runs
-    assert where[0]["engine_pid"] in processes_with_env(nodes["A"][0])
-    assert where[1]["engine_pid"] in processes_with_env(nodes["B"][0])
+    assert where[0]["engine_pid"] in nodes["nodeA"].pids()
+    assert where[1]["engine_pid"] in nodes["nodeB"].pids()
     runs = []
     for seed in (1, 2):
         order = list(TEXTS)
@@ -136,7 +97,7 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
 
 def test_an_engine_port_refuses_a_caller_without_the_secret(cluster_gateway):
     _, nodes = cluster_gateway
-    port = _engines_on(nodes, "B")[0].stem.rsplit("-", 1)[1]
+    port = nodes["nodeB"].engine_logs("rm")[0].stem.rsplit("-", 1)[1]
     code = ("import httpx; r = httpx.post('http://127.0.0.1:%s/classify', json={'model': 'rm',"
             " 'input': 'x'}, timeout=30); print(r.status_code)" % port)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -148,19 +109,35 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     url, nodes = cluster_gateway
     texts = (TEXTS * 3)[:500]
     before = await _replay(url, TEXTS)
-    raylet = [pid for pid in processes_with_env(nodes["B"][0])
-              if b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    raylet = nodes["nodeB"].raylet_pids()
     assert raylet, "the worker node's raylet"
+    sem = asyncio.Semaphore(32)
+    done: list[tuple[str, float, object, str, str]] = []
+    killed: list[float] = []
 
-    async def kill_soon() -> None:
-        await asyncio.sleep(2)
-        for pid in raylet:
-            os.kill(pid, signal.SIGKILL)
+    async with httpx.AsyncClient(timeout=600) as c:
+        async def one(t: str) -> None:
+            async with sem:
+                r = await c.post(url + "/classify", json={"model": "rm", "input": t})
+            assert r.status_code == 200, r.text  # nothing accepted is lost
+            done.append((t, time.monotonic(), r.json()["data"][0]["probs"],
+                         r.headers["x-rmgate-slot"], r.headers.get("x-rmgate-placement", "")))
 
-    start = time.monotonic()
-    answers, _ = await asyncio.gather(_replay(url, texts), kill_soon())
-    took = time.monotonic() - start
-    assert len(answers) == len(set(texts))  # every request answered (each text once)
-    assert {t: v[0] for t, v in answers.items()} == {t: before[t][0] for t in answers}
-    models = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
-    print(json.dumps({"replay_s": round(took, 1), "health": models["health"]}))
+        async def kill_soon() -> None:
+            await asyncio.sleep(2)
+            killed.append(time.monotonic())
+            for pid in raylet:
+                os.kill(pid, signal.SIGKILL)
+
+        await asyncio.gather(kill_soon(), *(one(t) for t in texts))
+    assert len(done) == len(texts)
+    assert [probs for t, _, probs, _, _ in done] == [before[t][0] for t, *_ in done]
+    after = [(at, slot, why) for _, at, _, slot, why in done if at > killed[0]]
+    moved = [at for at, slot, why in after if "1->0" in why]
+    assert moved, "slot 1's keys answered by its class mate after its node was lost"
+    assert all(slot == "0" for at, slot, _ in after if at > moved[0] + 30)
+    card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    assert card["nodes"][0] is not None  # slot 0 (head) still reported
+    print(json.dumps({"first_answer_by_class_mate_after_kill_s": round(moved[0] - killed[0], 2),
+                      "answered_after_kill": len(after), "moved": len(moved),
+                      "health": card["health"], "nodes": card["nodes"]}))

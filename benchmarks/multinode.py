@@ -1,0 +1,197 @@
+"""Two Ray nodes on this machine: what spreading a model's slots over nodes costs, and how
+long a lost node's keys take to be answered again.
+
+One cluster (``benchmarks.ray_cluster``: a head ``nodeA`` and a worker ``nodeB``, both on
+127.0.0.1), one ``rmgate serve --address`` with two gateways (one config, two
+applications, the demo DisRM, ``engine_host: node``, ``placement: class``, ingresses on the
+head), the one variable being where the second slot runs:
+
+* ``one``: both slots on nodeA;  * ``two``: slot 0 on nodeA, slot 1 on nodeB.
+
+1. Throughput and latency, interleaved rounds, medians: (a) the two engines of ``two``
+   reached directly (round robin, with their secret, read from their own environment:
+   the physical anchor), (b) gateway ``one``, (c) gateway ``two``; concurrency 1 and 32.
+   The nodes share this machine, so the network is loopback: the difference (c) − (b) at
+   concurrency 1 is what a node boundary adds per request here, and (b) − (a) the
+   gateway's own hop.
+2. A node lost: under a closed-loop load (concurrency 32) on ``two``, nodeB's raylet is
+   SIGKILLed; every request is answered (0 lost) with the bits it had before, and for the
+   keys of slot 1 (on nodeB) the time from the kill to their first answer by slot 0, and
+   their worst latency across the kill.
+
+    .venv/bin/python benchmarks/multinode.py [--quick] [--out benchmarks/results/multinode]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.ray_cluster import local_cluster, rmgate_on_cluster  # noqa: E402
+from benchmarks.side_by_side import answer, load  # noqa: E402
+from deployments.engine.args import SECRET_ENV  # noqa: E402
+
+
+def gateway_app(name: str, route: str, models: Path, where: list[str]) -> dict[str, Any]:
+    return {"name": name, "route_prefix": route, "import_path": "gateway.app:build_app",
+            "deployments": [{"name": "gateway", "ray_actor_options": {
+                "num_cpus": 0, "resources": {"nodeA": 0.01}}}],
+            "args": {"gateway": {"placement": "class", "slot_wait_s": 180,
+                                 "canary_interval_s": 0},
+                     "models": [{"name": "rm", "kind": "discriminative",
+                                 "model_path": str(models / "disrm"), "replicas": 2,
+                                 "engine_host": "node",
+                                 "slot_ray_actor_options": [{"resources": {n: 0.01}}
+                                                            for n in where],
+                                 "engine_args": {"dtype": "float32", "max_model_len": 512,
+                                                 "enforce_eager": True}}]}}
+
+
+def config(models: Path) -> dict[str, Any]:
+    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [
+        gateway_app("one", "/one", models, ["nodeA", "nodeA"]),
+        gateway_app("two", "/two", models, ["nodeA", "nodeB"])]}
+
+
+def calls(n: int) -> list[tuple[str, dict[str, Any]]]:
+    rng = random.Random(0)
+    return [("/classify", {"model": "rm", "input": "".join(
+        rng.choice("0123456789+=abc ") for _ in range(rng.choice([1, 5, 12, 40, 120])))})
+        for _ in range(n)]
+
+
+def engines_of(url: str) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """The gateway's engine URLs and, per URL, the header with its secret, read from the
+    engine launcher's own environment (this machine started it; a benchmark only)."""
+    card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    urls, headers = [], {}
+    for where in card["nodes"]:
+        proc = Path(f"/proc/{where['engine_pid']}")
+        env = (proc / "environ").read_bytes().split(b"\0")
+        secret = next(e.split(b"=", 1)[1].decode() for e in env
+                      if e.startswith(SECRET_ENV.encode() + b"="))
+        argv = (proc / "cmdline").read_bytes().decode().split("\0")
+        port = argv[argv.index("--port") + 1]
+        u = f"http://{where['engine_host']}:{port}"
+        urls.append(u)
+        headers[u] = {"authorization": f"Bearer {secret}"}
+    return urls, headers
+
+
+async def sweep(paths: dict[str, tuple[list[str], dict]], work: list, concurrency: int,
+                rounds: int) -> dict[str, Any]:
+    samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
+    for _ in range(rounds):
+        for name, (urls, headers) in paths.items():
+            r = await load(urls, work, concurrency, headers=headers)
+            r.pop("answers")
+            samples[name].append(r)
+    out = {name: {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms",
+                                                                   "req_per_s")}
+           for name, rs in samples.items()}
+    for name, rs in samples.items():
+        out[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
+    return out
+
+
+async def node_loss(url: str, raylets: list[int], work: list, before: dict[int, str],
+                    concurrency: int = 32) -> dict[str, Any]:
+    """Closed-loop load on ``url``; nodeB's raylet SIGKILLed after 2 s."""
+    import os
+    import signal
+
+    sem = asyncio.Semaphore(concurrency)
+    done: list[tuple[int, float, float, str, str | None]] = []
+    killed_at: list[float] = []
+
+    async with httpx.AsyncClient(timeout=600) as c:
+        async def one(i: int) -> None:
+            path, body = work[i]
+            async with sem:
+                t = time.monotonic()
+                r = await c.post(url + path, json=body)
+            assert r.status_code == 200, r.text
+            done.append((i, t, time.monotonic(), answer(path, r.json()),
+                         r.headers.get("x-rmgate-placement")))
+
+        async def kill() -> None:
+            await asyncio.sleep(2)
+            killed_at.append(time.monotonic())
+            for pid in raylets:
+                os.kill(pid, signal.SIGKILL)
+
+        start = time.monotonic()
+        await asyncio.gather(kill(), *(one(i) for i in range(len(work))))
+    t0 = killed_at[0]
+    moved = [(s, e) for _, s, e, _, p in done if p and p.startswith("1->0")]
+    return {"requests": len(work), "answered": len(done),
+            "changed": sum(a != before[i] for i, _, _, a, _ in done),
+            "wall_s": round(time.monotonic() - start, 2),
+            "slot1_keys_answered_by_slot0": len(moved),
+            "first_moved_answer_after_kill_s": round(min(e for _, e in moved) - t0, 2)
+            if moved else None,
+            "worst_latency_across_kill_s": round(max(
+                (e - s for _, s, e, _, _ in done if s <= t0 <= e), default=0.0), 2),
+            "p50_latency_before_kill_ms": round(1000 * statistics.median(
+                [e - s for _, s, e, _, _ in done if e < t0] or [float("nan")]), 1)}
+
+
+async def measure(url: str, nodes: dict, quick: bool) -> dict[str, Any]:
+    rounds, n = (1, 64) if quick else (3, 200)
+    work = calls(n)
+    paths = {"a_engines": engines_of(url + "/two"), "b_one_node": ([url + "/one"], {}),
+             "c_two_nodes": ([url + "/two"], {})}
+    report: dict[str, Any] = {"rounds": rounds, "requests_per_point": n}
+    for c in (1, 32):
+        res = await sweep(paths, work, c, rounds)
+        res["c/b"] = round(res["c_two_nodes"]["req_per_s"] / res["b_one_node"]["req_per_s"], 3)
+        res["added_ms_per_node_hop_p50"] = round(
+            res["c_two_nodes"]["p50_ms"] - res["b_one_node"]["p50_ms"], 2)
+        res["gateway_hop_ms_p50"] = round(
+            res["b_one_node"]["p50_ms"] - res["a_engines"]["p50_ms"], 2)
+        report[f"c{c}"] = res
+        print(f"c={c}: " + json.dumps(res), flush=True)
+    loss_work = calls(300 if quick else 500)
+    baseline = await load([url + "/two"], loss_work, 32)
+    report["node_loss"] = await node_loss(url + "/two", nodes["nodeB"].raylet_pids(),
+                                          loss_work, baseline["answers"])
+    print("node loss: " + json.dumps(report["node_loss"]), flush=True)
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "multinode")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from deployments.demo.models import build_demo_models, demo_models_present
+
+    models = REPO / "models" / "demo"
+    if not demo_models_present(models):
+        build_demo_models(models)
+    path = args.out / "serve.yaml"
+    path.write_text(yaml.safe_dump(config(models)))
+    with local_cluster(["nodeA", "nodeB"], args.out) as (address, nodes):
+        with rmgate_on_cluster(path, address, args.out) as url:
+            report = asyncio.run(measure(url, nodes, args.quick))
+    report.update(quick=args.quick, date=time.strftime("%Y-%m-%d"))
+    (args.out / "multinode.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out / 'multinode.json'}")
+
+
+if __name__ == "__main__":
+    main()
