@@ -3,7 +3,8 @@
 Ray runs several raylets on one machine; Ray's own test-cluster helper
 (``ray.cluster_utils.Cluster``) starts them, in a process of their own (``main``), each
 with its own custom resource (``{"nodeB": 1}``) so that a model's slots can be placed on a
-chosen node (``slot_ray_actor_options``). Every node uses 127.0.0.1 (left to itself Ray
+chosen node (``slot_ray_actor_options``), and a node label (``rmgate-node: nodeB``) for
+placement by ``label_selector``. Every node uses 127.0.0.1 (left to itself Ray
 binds the machine's interface address). Each node
 is started with a marker in its environment that every process it starts inherits (its
 workers, the slot replicas, the engines), and its own engine log folder, so callers find a
@@ -29,6 +30,10 @@ from benchmarks.harness import (REPO, end_leftovers, free_port, processes_with_e
                                 stop_process_group, wait_until_serving)
 
 
+#: The node label every node gets, its name: slots placed by ``label_selector`` use it.
+NODE_LABEL = "rmgate-node"
+
+
 @dataclass(frozen=True)
 class Node:
     """One raylet: its custom resource (its name), marker and engine log folder."""
@@ -49,6 +54,20 @@ class Node:
             except OSError:
                 continue
         return out
+
+    def lose(self) -> list[int]:
+        """The node lost as a machine is: SIGKILL its raylet, then every process it
+        started (workers, slot replicas, engines). Killing the raylet alone leaves its
+        workers and their engines running a while (measured: a slot's engine on such a
+        node still answered 25 s later), which is a raylet crash, not a lost node."""
+        killed = []
+        for pid in self.raylet_pids() + self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        return killed
 
     def engine_logs(self, model: str) -> list[Path]:
         """``<model>-<slot>-<port>.log`` of the engines this node started."""
@@ -76,6 +95,7 @@ def _serve_nodes(names: list[str], markers: list[str], workdir: Path, num_cpus: 
             os.environ.update(RMGATE_TEST_NODE=marker,
                               RMGATE_LOG_DIR=str(workdir / f"node-{name}"))
             cluster.add_node(num_cpus=num_cpus, resources={name: 1},
+                             labels={NODE_LABEL: name},
                              node_ip_address="127.0.0.1", include_dashboard=False,
                              object_store_memory=300 * 1024 * 1024,
                              **({"node_manager_port": 0} if i else {}))
@@ -141,7 +161,8 @@ def local_cluster(names: list[str], workdir: Path, num_cpus: int = 2,
 
 @contextmanager
 def rmgate_on_cluster(config: Path, address: str, workdir: Path, timeout_s: float = 900,
-                      proxy: str = "serve") -> Iterator[str]:
+                      proxy: str = "serve", routes: tuple[str, ...] = ("",)
+                      ) -> Iterator[str]:
     """``rmgate serve CONFIG --address ADDRESS`` on a free port; yields its URL. Stopping it
     (SIGINT) deletes its applications and leaves the cluster running.
 
@@ -159,7 +180,8 @@ def rmgate_on_cluster(config: Path, address: str, workdir: Path, timeout_s: floa
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(url, proc, log, timeout_s)
+        for route in routes:  # each gateway's route prefix
+            wait_until_serving(url + route, proc, log, timeout_s)
         yield url
     finally:
         stop_process_group(proc)

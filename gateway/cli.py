@@ -113,6 +113,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     import ray
     from ray import serve
 
+    from gateway.serve import topology
     from gateway.serve.admin import deploy_local
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -123,6 +124,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     # a slot count of 0) fails here, in seconds, not as a dead engine minutes later.
     try:
         rendered = render(cfg)
+        if address is not None:  # slots may run on other nodes than the ingress
+            rendered = topology.with_engines_on_node_addresses(rendered)
     except ValueError as exc:
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None

@@ -14,13 +14,13 @@ starts (``gateway.serve.proxy_mode``) is set on every container, because Ray rea
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gateway.serve.proxy_mode import proxy_env
+from gateway.serve.topology import with_engines_on_node_addresses
 
 #: The ports every pod exposes: Ray's GCS (head), dashboard (head), client, and Serve's HTTP.
 SERVE_PORT = 8000
@@ -29,9 +29,10 @@ HAPROXY_DIR = "/tmp/rmgate-haproxy"
 
 
 def cluster_serve_config(rendered: dict[str, Any]) -> dict[str, Any]:
-    """``rendered`` with the HTTP options a cluster serves with: every interface, the
-    Serve port, a proxy on every node."""
-    out = copy.deepcopy(rendered)
+    """``rendered`` with the HTTP options a cluster serves with (every interface, the
+    Serve port, a proxy on every node) and engines the ingress can reach from any node
+    (``with_engines_on_node_addresses``)."""
+    out = with_engines_on_node_addresses(rendered)
     out["http_options"] = {**out.get("http_options", {}), "host": "0.0.0.0", "port": SERVE_PORT}
     out["proxy_location"] = "EveryNode"
     return out

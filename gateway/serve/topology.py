@@ -128,6 +128,31 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_engines_on_node_addresses(rendered: dict[str, Any]) -> dict[str, Any]:
+    """``rendered`` for a multi-node cluster: every slot whose ingress reaches its engine
+    over HTTP (``transport: direct``) gets ``engine_host: node``, since an engine on
+    127.0.0.1 is out of reach of an ingress on another node. Those engines then take only
+    requests with their generated secret. ``transport: handle`` gateways keep loopback
+    engines (their requests go through the slot replica, on the engine's own node)."""
+    out = copy.deepcopy(rendered)
+    direct: dict[str, bool] = {}  # slot application prefix -> does its ingress go direct?
+    for app in out["applications"]:
+        if app.get("import_path") in INGRESS_IMPORTS:
+            args = app.get("args") or {}
+            go_direct = (args.get("gateway") or {}).get("transport", "direct") == "direct"
+            direct[str(args.get(SLOT_PREFIX_ARG, ""))] = go_direct
+            if go_direct:
+                for model in args.get("models", []):
+                    model["engine_host"] = "node"
+    for app in out["applications"]:
+        if app.get("import_path") in SLOT_IMPORTS:
+            spec = app["args"]["spec"]
+            prefix = app["name"][: -len(slot_app_name(spec["name"], app["args"]["slot"]))]
+            if direct.get(prefix, True):
+                spec["engine_host"] = "node"
+    return out
+
+
 def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
     """The slot counts the ingress application routes with."""
     ingress = _ingress(apps)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.ray_cluster import local_cluster, rmgate_on_cluster
+from benchmarks.ray_cluster import NODE_LABEL, local_cluster, rmgate_on_cluster
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -39,16 +37,18 @@ def cluster(tmp_path_factory):
 
 def multinode_config(demo_models: Path, where: list[str]) -> dict:
     """configs/test-cpu.yaml's DisRM alone, slot i on node ``where[i]``, engines on the
-    node address with their secret, the ingress kept on the head (the node that takes HTTP
-    traffic here, and the one not lost)."""
+    node address (what ``rmgate serve --address`` sets anyway) with their secret, the ingress kept on the head (the node that takes HTTP
+    traffic here, and the one not lost), two ingress replicas (same bits as one)."""
     cfg = yaml.safe_load((REPO / "configs" / "test-cpu.yaml").read_text())
     app = cfg["applications"][0]
     rm = next(m for m in app["args"]["models"] if m["name"] == "rm")
+    # slot 0 placed by a custom resource, the others by a node label: both are Ray's own
     rm.update(engine_host="node", model_path=str(demo_models / "disrm"), replicas=len(where),
-              slot_ray_actor_options=[{"resources": {n: 0.01}} for n in where])
+              slot_ray_actor_options=[{"resources": {where[0]: 0.01}}] + [
+                  {"label_selector": {NODE_LABEL: n}} for n in where[1:]])
     app["args"]["models"] = [rm]
     app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
-                              "default_reward_model": "rm"}
+                              "default_reward_model": "rm", "ingress_replicas": 2}
     app["deployments"] = [{"name": "gateway",
                            "ray_actor_options": {"num_cpus": 0, "resources": {where[0]: 0.01}}}]
     return cfg
@@ -79,6 +79,9 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
     url, nodes = cluster_gateway
     assert [p.name.split("-")[1] for p in nodes["nodeA"].engine_logs("rm")] == ["0"]
     assert [p.name.split("-")[1] for p in nodes["nodeB"].engine_logs("rm")] == ["1"]
+    ingresses = [pid for pid in nodes["nodeA"].pids()
+                 if b"ServeReplica:rmgate:gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ingresses) == 2  # gateway.ingress_replicas: 2, both on the head
     card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
     where = card["nodes"]
     assert where[0]["node_id"] != where[1]["node_id"]  # /v1/models shows where each runs
@@ -109,8 +112,7 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     url, nodes = cluster_gateway
     texts = (TEXTS * 3)[:500]
     before = await _replay(url, TEXTS)
-    raylet = nodes["nodeB"].raylet_pids()
-    assert raylet, "the worker node's raylet"
+    assert nodes["nodeB"].raylet_pids(), "the worker node's raylet"
     sem = asyncio.Semaphore(32)
     done: list[tuple[str, float, object, str, str]] = []
     killed: list[float] = []
@@ -126,8 +128,7 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
         async def kill_soon() -> None:
             await asyncio.sleep(2)
             killed.append(time.monotonic())
-            for pid in raylet:
-                os.kill(pid, signal.SIGKILL)
+            assert nodes["nodeB"].lose()  # its raylet and every process it started
 
         await asyncio.gather(kill_soon(), *(one(t) for t in texts))
     assert len(done) == len(texts)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from gateway.cli import load_serve_config, render
-from gateway.serve import kuberay
+from gateway.serve import kuberay, topology
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "docker" / "kuberay" / "rayservice-gpu.yaml"
@@ -40,7 +40,10 @@ def test_its_serve_config_is_rmgate_renders_with_cluster_http_options():
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
     serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
-    assert serve["applications"] == rendered["applications"]
+    assert serve["applications"] == \
+        topology.with_engines_on_node_addresses(rendered)["applications"]
+    slots = [a for a in serve["applications"] if a["import_path"] in topology.SLOT_IMPORTS]
+    assert slots and all(a["args"]["spec"]["engine_host"] == "node" for a in slots)
     assert serve["http_options"] == {"host": "0.0.0.0", "port": 8000}
     assert serve["proxy_location"] == "EveryNode"  # a trainer may point at any node
 

@@ -122,3 +122,22 @@ def test_the_ingress_keeps_serves_own_deployment_options_from_the_compact_config
         cfg["applications"][0]["deployments"] = [bad]
         with pytest.raises(ValueError, match=match):
             topology.render(cfg)
+
+
+def test_on_a_cluster_direct_gateways_engines_listen_on_the_node_address():
+    two = copy.deepcopy(COMPACT)
+    handle = copy.deepcopy(two["applications"][0])
+    handle.update(name="viahandle", route_prefix="/h")
+    handle["args"]["gateway"] = {"transport": "handle"}
+    two["applications"][0]["name"] = "direct"
+    two["applications"].append(handle)
+    rendered = topology.render(two)
+    out = topology.with_engines_on_node_addresses(rendered)
+    ServeDeploySchema.model_validate(out)
+    hosts = {a["name"]: a["args"]["spec"]["engine_host"] for a in out["applications"]
+             if a["import_path"] in topology.SLOT_IMPORTS}
+    assert hosts == {"direct-judge-0": "node", "direct-judge-1": "node", "direct-rm-0": "node",
+                     "direct-rm-1": "node", "viahandle-judge-0": "loopback",
+                     "viahandle-judge-1": "loopback", "viahandle-rm-0": "loopback",
+                     "viahandle-rm-1": "loopback"}
+    assert rendered == topology.render(two)  # the input is left as it was
