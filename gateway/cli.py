@@ -206,7 +206,11 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
                    output: Optional[Path] = typer.Option(None, "-o", "--output"),
                    rayservice: Optional[str] = typer.Option(
                        None, help="Print a KubeRay RayService for this image instead "
-                       "(docker/kuberay/).")) -> None:
+                       "(docker/kuberay/)."),
+                   cluster: bool = typer.Option(
+                       False, help="For `serve deploy` to a multi-node cluster: engines of "
+                       "direct gateways on the node address, with their secret (what "
+                       "`rmgate serve --address` and --rayservice do).")) -> None:
     """Print the per-slot Serve config that `rmgate serve` deploys (for `serve deploy`).
 
     Edit `replicas` in CONFIG, render again and `serve deploy` the result: only the added
@@ -216,6 +220,10 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
     rendered = render(load_serve_config(config))
     if port is not None:
         rendered.setdefault("http_options", {})["port"] = port
+    if cluster:
+        from gateway.serve import topology
+
+        rendered = topology.with_engines_on_node_addresses(rendered)
     if rayservice is not None:
         from gateway.serve import kuberay
 

@@ -45,7 +45,9 @@ def multinode_config(demo_models: Path, where: list[str]) -> dict:
     # slot 0 placed by a custom resource, the others by a node label: both are Ray's own
     rm.update(engine_host="node", model_path=str(demo_models / "disrm"), replicas=len(where),
               slot_ray_actor_options=[{"resources": {where[0]: 0.01}}] + [
-                  {"label_selector": {NODE_LABEL: n}} for n in where[1:]])
+                  {"label_selector": {NODE_LABEL: n},  # where a restart may go instead:
+                   "fallback_strategy": [{"label_selector": {NODE_LABEL: where[0]}}]}
+                  for n in where[1:]])
     app["args"]["models"] = [rm]
     app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
                               "default_reward_model": "rm", "ingress_replicas": 2}
@@ -109,6 +111,8 @@ def test_an_engine_port_refuses_a_caller_without_the_secret(cluster_gateway):
 
 
 async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(cluster_gateway):
+    """Slot 1's keys go to its class mate at once; slot 1 itself restarts on the head (its
+    fallback placement) and answers with the same bits."""
     url, nodes = cluster_gateway
     texts = (TEXTS * 3)[:500]
     before = await _replay(url, TEXTS)
@@ -137,8 +141,25 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     moved = [at for at, slot, why in after if "1->0" in why]
     assert moved, "slot 1's keys answered by its class mate after its node was lost"
     assert all(slot == "0" for at, slot, _ in after if at > moved[0] + 30)
-    card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
-    assert card["nodes"][0] is not None  # slot 0 (head) still reported
+    head = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["nodes"][0]
+
+    def slot1_back_on_the_head() -> dict | None:
+        card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+        where = card["nodes"][1]
+        back = card["health"][1] == "healthy" and where is not None and \
+            where["node_id"] == head["node_id"]
+        return card if back else None
+
+    deadline = time.monotonic() + 240
+    while (card := slot1_back_on_the_head()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(2)
+    assert card is not None, "slot 1 restarted on the head (its fallback placement)"
+    assert card["nodes"][1]["engine_pid"] in nodes["nodeA"].pids()
+    back = time.monotonic() - killed[0]
+    again = await _replay(url, TEXTS)
+    assert {t: v[0] for t, v in again.items()} == {t: v[0] for t, v in before.items()}
     print(json.dumps({"first_answer_by_class_mate_after_kill_s": round(moved[0] - killed[0], 2),
                       "answered_after_kill": len(after), "moved": len(moved),
-                      "health": card["health"], "nodes": card["nodes"]}))
+                      "slot1_back_on_head_after_s": round(back, 1),
+                      "slots_answering_after": sorted({v[1] for v in again.values()}),
+                      "classes": card["numerics_classes"]}))

@@ -72,3 +72,19 @@ def test_images_ports_probes_and_versions_agree_with_docker_and_pyproject():
     head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     assert head["num-gpus"] == "0"
     assert containers["ray-worker"]["resources"]["limits"]["nvidia.com/gpu"] >= 1
+
+
+def test_render_cluster_is_the_serve_deploy_config_of_a_multi_node_cluster(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    out = tmp_path / "cluster.yaml"
+    result = CliRunner().invoke(app, ["render", str(ROOT / "configs" / "gpu.yaml"),
+                                      "--cluster", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
+    assert yaml.safe_load(out.read_text()) == topology.with_engines_on_node_addresses(rendered)
+    plain = tmp_path / "plain.yaml"
+    CliRunner().invoke(app, ["render", str(ROOT / "configs" / "gpu.yaml"), "-o", str(plain)])
+    assert yaml.safe_load(plain.read_text()) == rendered  # one machine: loopback engines
