@@ -11,14 +11,14 @@ head), the one variable being where the second slot runs:
 1. Throughput and latency, interleaved rounds, medians: (a) the two engines of ``two``
    reached directly (round robin, with their secret, read from their own environment:
    the physical anchor), (b) gateway ``one``, (c) gateway ``two``; concurrency 1 and 32.
-   The nodes share this machine, so the network is loopback: the difference (c) − (b) at
-   concurrency 1 is what a node boundary adds per request here, and (b) − (a) the
-   gateway's own hop.
+   The nodes share this machine, so the ingress -> engine request is loopback HTTP in (b)
+   and (c) alike: (c) − (b) checks that spreading slots over nodes costs nothing beyond
+   the network (which this setup cannot show), and (b) − (a) is the gateway's own hop.
 2. A node lost: under a closed-loop load (concurrency 32, kept up 25 s after the kill) on
    ``two``, nodeB is lost (its raylet and every process it started SIGKILLed); every request is answered (0 lost) with the bits
-   it had before; reported: how long slot 1's engine still answered (its launcher ends it
-   when its replica's worker is gone), the time from the kill to the first answer of a
-   slot-1 key by slot 0, and the worst latency of a request in flight across the kill.
+   it had before; reported: whether slot 1 still answered after the loss (it must not:
+   its engine is killed with the node), the time from the loss to the first answer of a
+   slot-1 key by slot 0, and the worst latency of a request in flight across the loss.
 
     .venv/bin/python benchmarks/multinode.py [--quick] [--out benchmarks/results/multinode]
 """

@@ -100,7 +100,9 @@ def _serve_nodes(names: list[str], markers: list[str], workdir: Path, num_cpus: 
                              object_store_memory=300 * 1024 * 1024,
                              **({"node_manager_port": 0} if i else {}))
         cluster.wait_for_nodes()
-        address_file.write_text(cluster.address)
+        partial = address_file.with_suffix(".partial")
+        partial.write_text(cluster.address)
+        os.replace(partial, address_file)  # the parent never reads half an address
         stop.wait()
     finally:
         cluster.shutdown()

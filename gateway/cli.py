@@ -136,15 +136,22 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                               else {}))
     else:
         # An existing cluster: Ray's own resources place the slots; its nodes were started
-        # with (or without) the HTTP-path environment, which is read at `ray start`.
-        context = ray.init(address=address, log_to_driver=False,
-                           **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS
-                              else {}))
+        # with (or without) the HTTP-path environment, which is read at `ray start`. This
+        # driver joins its own node as Ray finds it, on loopback only when the cluster
+        # itself is (several raylets on one machine).
+        loopback = address.rsplit(":", 1)[0] in LOOPBACK_HOSTS
+        try:
+            context = ray.init(address=address, log_to_driver=False,
+                               **({"_node_ip_address": "127.0.0.1"} if loopback else {}))
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            shutil.rmtree(proxy_dir, ignore_errors=True)
+            raise typer.BadParameter(f"--address {address}: {exc}") from None
     try:
         serve.start(http_options={"host": host, "port": port},
                     **({"proxy_location": proxy_location} if address is not None else {}))
         rendered["http_options"] = {"host": host, "port": port}
-        deploy_local(rendered, timeout_s=_startup_timeout(rendered))
+        deploy_local(rendered, timeout_s=_startup_timeout(rendered),
+                     keep_others=address is not None)
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
                    f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)")
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
@@ -165,7 +172,11 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                 serve.shutdown()
             else:  # the cluster is not ours: remove only what this command deployed
                 for application in rendered["applications"]:
-                    serve.delete(application["name"])
+                    try:  # one that cannot be removed must not keep the others
+                        serve.delete(application["name"])
+                    except Exception as exc:  # noqa: BLE001 (reported, then the next)
+                        typer.echo(f"rmgate: could not delete {application['name']}: {exc}",
+                                   err=True)
         finally:
             ray.shutdown()
             shutil.rmtree(proxy_dir, ignore_errors=True)
@@ -217,13 +228,16 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
     or removed slots start or stop; the ingress picks up the new counts in place."""
     import yaml
 
-    rendered = render(load_serve_config(config))
+    try:
+        rendered = render(load_serve_config(config))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{config}: {exc}") from None
+    if cluster:  # as the KubeRay manifest's: every interface, a proxy per node
+        from gateway.serve import kuberay
+
+        rendered = kuberay.cluster_serve_config(rendered)
     if port is not None:
         rendered.setdefault("http_options", {})["port"] = port
-    if cluster:
-        from gateway.serve import topology
-
-        rendered = topology.with_engines_on_node_addresses(rendered)
     if rayservice is not None:
         from gateway.serve import kuberay
 

@@ -42,7 +42,8 @@ class EnginePlan:
 
     mode: str
     args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    #: Out of the repr: it may hold the engine's secret (``engine_host: node``).
+    env: dict[str, str] = field(default_factory=dict, repr=False)
     #: Requests the ingress lets into this engine at once (1 when serialized).
     max_inflight: int = 1
     #: The one attention backend this model's slots use (batch_invariant), else None.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from gateway.serve import topology
 
@@ -27,15 +27,43 @@ def use_ray_token_if_present() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def deploy_local(config: dict[str, Any], timeout_s: float) -> None:
-    """Apply ``config`` (a Serve deploy config) to the Serve started in this process and
-    wait until every application runs."""
+def alongside(existing: Mapping[str, dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` plus the applications already deployed declaratively (``existing``, by
+    name). Serve's declarative apply replaces the whole set, so on a shared cluster
+    deploying ``config`` alone would delete everyone else's applications. A name taken
+    already (another ``rmgate serve`` on the cluster) is refused, not replaced."""
+    ours = [a["name"] for a in config["applications"]]
+    taken = sorted(set(ours) & set(existing))
+    if taken:
+        raise ValueError(f"applications {taken} already run on this cluster (another "
+                         "`rmgate serve`?); stop it first, or give this config's "
+                         "applications other names")
+    return {**config, "applications": [*existing.values(), *config["applications"]]}
+
+
+def declarative_applications(details: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The declaratively deployed applications in Serve's instance details, by name, as
+    the configs they were deployed with."""
+    out = {}
+    for name, app in (details.get("applications") or {}).items():
+        if app.get("source") == "declarative" and app.get("deployed_app_config"):
+            out[name] = app["deployed_app_config"]
+    return out
+
+
+def deploy_local(config: dict[str, Any], timeout_s: float, keep_others: bool = False) -> None:
+    """Apply ``config`` (a Serve deploy config) to the Serve this process is connected to
+    and wait until every application runs. ``keep_others`` (a shared cluster): the
+    applications others deployed stay (``alongside``)."""
     from ray import serve
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
-    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
-    names = {a["name"] for a in config["applications"]}
+    client = _get_global_client()
+    names = {a["name"] for a in config["applications"]}  # waited for: ours only
+    if keep_others:
+        config = alongside(declarative_applications(client.get_serve_details()), config)
+    client.deploy_apps(ServeDeploySchema.model_validate(config))
 
     def statuses() -> dict[str, str]:
         apps = serve.status().applications

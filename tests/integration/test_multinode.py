@@ -1,7 +1,7 @@
 """Two Ray nodes on one machine (two raylets, both on 127.0.0.1), one model's two slots on
 different nodes, the ingress on the head: a replay answers as the single-node gateway does;
 the worker node lost under load loses and changes nothing; an engine port refuses callers
-without its secret. (Issue 15; WORK IN PROGRESS: written, not yet run.)
+without its secret. (Issue 15.)
 
 Every process a node starts inherits that node's marker (``RMGATE_TEST_NODE``) and log
 folder, so the test finds engines per node and ends everything by pid (never ``ray stop``).
@@ -36,14 +36,14 @@ def cluster(tmp_path_factory):
 
 
 def multinode_config(demo_models: Path, where: list[str]) -> dict:
-    """configs/test-cpu.yaml's DisRM alone, slot i on node ``where[i]``, engines on the
-    node address (what ``rmgate serve --address`` sets anyway) with their secret, the ingress kept on the head (the node that takes HTTP
+    """configs/test-cpu.yaml's DisRM alone, slot i on node ``where[i]`` (``engine_host``
+    left to ``rmgate serve --address``, which sets ``node``: engines with their secret), the ingress kept on the head (the node that takes HTTP
     traffic here, and the one not lost), two ingress replicas (same bits as one)."""
     cfg = yaml.safe_load((REPO / "configs" / "test-cpu.yaml").read_text())
     app = cfg["applications"][0]
     rm = next(m for m in app["args"]["models"] if m["name"] == "rm")
     # slot 0 placed by a custom resource, the others by a node label: both are Ray's own
-    rm.update(engine_host="node", model_path=str(demo_models / "disrm"), replicas=len(where),
+    rm.update(model_path=str(demo_models / "disrm"), replicas=len(where),
               slot_ray_actor_options=[{"resources": {where[0]: 0.01}}] + [
                   {"label_selector": {NODE_LABEL: n},  # where a restart may go instead:
                    "fallback_strategy": [{"label_selector": {NODE_LABEL: where[0]}}]}
@@ -84,8 +84,13 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
     ingresses = [pid for pid in nodes["nodeA"].pids()
                  if b"ServeReplica:rmgate:gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(ingresses) == 2  # gateway.ingress_replicas: 2, both on the head
-    card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+    models = httpx.get(url + "/v1/models", timeout=30)
+    card = models.json()["data"][0]
     where = card["nodes"]
+    for slot in where:  # each engine has its secret, told to the ingress only
+        env = Path(f"/proc/{slot['engine_pid']}/environ").read_bytes().split(b"\0")
+        secret = next(e.split(b"=", 1)[1] for e in env if e.startswith(b"RMGATE_ENGINE_SECRET="))
+        assert len(secret) >= 32 and secret.decode() not in models.text
     assert where[0]["node_id"] != where[1]["node_id"]  # /v1/models shows where each runs
     assert where[0]["engine_pid"] in nodes["nodeA"].pids()
     assert where[1]["engine_pid"] in nodes["nodeB"].pids()
@@ -140,7 +145,6 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     after = [(at, slot, why) for _, at, _, slot, why in done if at > killed[0]]
     moved = [at for at, slot, why in after if "1->0" in why]
     assert moved, "slot 1's keys answered by its class mate after its node was lost"
-    assert all(slot == "0" for at, slot, _ in after if at > moved[0] + 30)
     head = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["nodes"][0]
 
     def slot1_back_on_the_head() -> dict | None:

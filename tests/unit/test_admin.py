@@ -89,3 +89,20 @@ def test_the_dashboard_token_is_sent_explicitly(tmp_path, monkeypatch):
     assert ray_token_header() == {"Authorization": "Bearer abc123"}
     monkeypatch.setenv("RAY_AUTH_TOKEN", "envtok")
     assert ray_token_header() == {"Authorization": "Bearer envtok"}
+
+
+def test_on_a_shared_cluster_others_applications_are_kept_and_our_names_must_be_free():
+    from gateway.serve.admin import alongside, declarative_applications
+
+    details = {"applications": {
+        "theirs": {"source": "declarative", "deployed_app_config": {"name": "theirs",
+                                                                    "import_path": "x:y"}},
+        "notebook": {"source": "imperative", "deployed_app_config": None}}}
+    existing = declarative_applications(details)
+    assert existing == {"theirs": {"name": "theirs", "import_path": "x:y"}}
+    ours = {"applications": [{"name": "rmgate"}, {"name": "rm-0"}], "http_options": {}}
+    merged = alongside(existing, ours)
+    assert [a["name"] for a in merged["applications"]] == ["theirs", "rmgate", "rm-0"]
+    assert ours["applications"] == [{"name": "rmgate"}, {"name": "rm-0"}]  # not changed
+    with pytest.raises(ValueError, match=r"\['rmgate'\] already run"):
+        alongside({"rmgate": {"name": "rmgate"}}, ours)

@@ -84,7 +84,7 @@ def test_render_cluster_is_the_serve_deploy_config_of_a_multi_node_cluster(tmp_p
                                       "--cluster", "-o", str(out)])
     assert result.exit_code == 0, result.output
     rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
-    assert yaml.safe_load(out.read_text()) == topology.with_engines_on_node_addresses(rendered)
+    assert yaml.safe_load(out.read_text()) == kuberay.cluster_serve_config(rendered)
     plain = tmp_path / "plain.yaml"
     CliRunner().invoke(app, ["render", str(ROOT / "configs" / "gpu.yaml"), "-o", str(plain)])
     assert yaml.safe_load(plain.read_text()) == rendered  # one machine: loopback engines
