@@ -25,6 +25,7 @@ from typing import Any
 
 from deployments.engine.guard import SECRET_ENV
 from gateway.core.config import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
+from gateway.core.transport import engine_auth
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,7 @@ ENGINE_GUARD = "deployments.engine.guard.EngineSecretMiddleware"
 
 def engine_headers(plan: EnginePlan) -> dict[str, str]:
     """The headers a call to this plan's engine needs (its secret, when it has one)."""
-    secret = plan.env.get(SECRET_ENV)
-    return {"authorization": f"Bearer {secret}"} if secret else {}
+    return engine_auth(plan.env.get(SECRET_ENV))
 
 
 #: The environment a tensor/pipeline-parallel slot runs with under ``auto``,

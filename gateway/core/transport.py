@@ -15,6 +15,12 @@ from gateway.core.numerics import ModelClasses
 from gateway.core.placement import Placement
 
 
+def engine_auth(secret: str | None) -> dict[str, str]:
+    """The header an engine with a secret (``engine_host: node``) wants on every request;
+    the one definition, used by the ingress and by the slot replica."""
+    return {"authorization": f"Bearer {secret}"} if secret else {}
+
+
 @dataclass(frozen=True)
 class SlotInfo:
     """Where a slot's engine listens and what its answers depend on (from the replica)."""
@@ -31,13 +37,12 @@ class SlotInfo:
     #: The engine's secret (``engine_host: node``): sent as ``Authorization: Bearer``.
     secret: str | None = field(default=None, repr=False)
 
-    @property
-    def headers(self) -> dict[str, str]:
-        """What every request to this slot's engine carries."""
-        out = {"content-type": "application/json"}
-        if self.secret:
-            out["authorization"] = f"Bearer {self.secret}"
-        return out
+    #: What every request to this slot's engine carries (made once, not per request).
+    headers: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "headers", {"content-type": "application/json",
+                                             **engine_auth(self.secret)})
 
     @classmethod
     def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> "SlotInfo":
