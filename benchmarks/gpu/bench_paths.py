@@ -167,6 +167,11 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
                         "label": "ingress2"}),
         ("throughput", {"kind": "grm", "levels": [256, 1024], "rounds": 1, "paths": ["rmgate_auto"],
                         "label": "ingress2"}),
+        ("ingress", {"replicas": 4}),
+        ("throughput", {"kind": "rm", "levels": [256, 1024], "rounds": 1, "paths": ["rmgate_auto"],
+                        "label": "ingress4"}),
+        ("throughput", {"kind": "grm", "levels": [256], "rounds": 1, "paths": ["rmgate_auto"],
+                        "label": "ingress4"}),
         ("shared_gpu", {"tag": "auto"}),
         ("throughput", {"kind": "rm", "levels": [256, 1024], "rounds": 1, "model_tag": "wide",
                         "paths": ["engine_auto", "rmgate_auto"]}),
@@ -177,13 +182,14 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
                         "paths": ["engine_auto", "rmgate_auto"], "label": "2slots"}),
     ], {"rm": (3072, 768), "grm": (1024, 32)},
         standalone=[{"name": "rm-auto-asc4", "kind": "rm", "api_server_count": 4, "kv_gib": 2}],
-        note="4 slots per model, ingress 1 then 2 replicas; wide = max_num_seqs 1024"),
+        note="4 slots per model, ingress 1, 2, then 4 replicas; wide = max_num_seqs 1024"),
 }
 SIZES = {"0.5b": ("grm-0.5b", "rm-0.5b"), "1.5b": ("grm-1.5b", "rm-1.5b"), "7b": ("grm-7b", "rm-7b")}
 
 
 # ----------------------------------------------------------------------------- the gateway
-def serve_config(layout: Layout, built: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
+                 ingress_replicas: int = 1) -> dict[str, Any]:
     grm, rm = SIZES[layout.size]
     engines = sum(m.slots for m in layout.models)
     frac = math.floor(1000 / (engines + len(layout.anchors) + len(layout.standalone))) / 1000
@@ -209,7 +215,8 @@ def serve_config(layout: Layout, built: dict[str, dict[str, Any]]) -> dict[str, 
                               "args": {"models": models,
                                        "gateway": {"request_timeout_s": 900, "slot_wait_s": 900,
                                                    "max_queue_per_slot": 100000,
-                                                   "canary_interval_s": 0}}}]}
+                                                   "canary_interval_s": 0,
+                                                   "ingress_replicas": ingress_replicas}}}]}
 
 
 def memory_gib(layout: Layout) -> float:
@@ -317,8 +324,9 @@ class GpuSampler:
 # ----------------------------------------------------------------------------- measuring
 class Bench:
     def __init__(self, layout_name: str, layout: Layout, out: Path, deadline_s: float,
-                 fake: bool) -> None:
+                 fake: bool, ingress_replicas: int = 1) -> None:
         self.name, self.layout, self.out, self.fake = layout_name, layout, out, fake
+        self.ingress_replicas = ingress_replicas
         self.deadline = T0 + deadline_s
         self.report: dict[str, Any] = {"layout": layout_name, "size": layout.size,
                                        "note": layout.note, "date": time.strftime("%Y-%m-%d"),
@@ -690,7 +698,7 @@ class Bench:
             built = json.loads(res.stdout.strip().splitlines()[-1])
         self.report["build"] = {"seconds": round(time.monotonic() - t, 1), "models": built}
         log(f"models ready in {time.monotonic() - t:.0f}s: {built}")
-        cfg = serve_config(lay, built)
+        cfg = serve_config(lay, built, self.ingress_replicas)
         (work / "serve.yaml").write_text(yaml.safe_dump(cfg))
         self.report["config"] = cfg["applications"][0]["args"]
         anchors = [] if self.fake else self.start_anchors(built)
@@ -859,6 +867,8 @@ def main() -> None:
     ap.add_argument("--fake", action="store_true", help="stub gateway and engines: a CPU dry run")
     ap.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
                     help="concurrency levels of every throughput phase, e.g. 256 or 64,256")
+    ap.add_argument("--ingress-replicas", type=int, default=1,
+                    help="gateway.ingress_replicas of the served config (the ingress's Serve replicas)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     layout = LAYOUTS[args.layout]()
@@ -867,7 +877,8 @@ def main() -> None:
                          for p, kw in layout.phases]
     if args.fake:
         layout = scaled_down(layout)
-    bench = Bench(args.layout, layout, args.out, args.deadline_s, args.fake)
+    name = args.layout + (f"-ingress{args.ingress_replicas}" if args.ingress_replicas != 1 else "")
+    bench = Bench(name, layout, args.out, args.deadline_s, args.fake, args.ingress_replicas)
     try:
         bench.run()
     except Exception as exc:
