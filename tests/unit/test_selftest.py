@@ -106,14 +106,15 @@ def test_one_attention_backend_per_model():
     assert plan_engine(spec(), Platform("cpu", "cpu"), port=1).attention_backend is None
 
 
-def test_gpu_config_plans_packed_batch_invariant_slots():
+@pytest.mark.parametrize("name", ["gpu.yaml", "gpu-small.yaml"])
+def test_gpu_config_plans_packed_batch_invariant_slots(name: str):
     import yaml
 
     from gateway.serve import topology
     from gateway.core.config import AppConfig
     from tests.integration.conftest import REPO
 
-    raw = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
+    raw = yaml.safe_load((REPO / "configs" / name).read_text())
     cfg = AppConfig.model_validate(raw["applications"][0]["args"])
     h200 = Platform("cuda", "NVIDIA H200", (9, 0))
     for model in cfg.models:
@@ -124,3 +125,6 @@ def test_gpu_config_plans_packed_batch_invariant_slots():
         assert needs_selftest(model, plan.mode)
     assert plan_engine(cfg.models[0], Platform("cuda", "T4", (7, 5)), port=1).mode == "serialize"
     assert len(topology.render(raw)["applications"]) == 1 + sum(m.replicas for m in cfg.models)
+    # measured on the H200: one ingress replica caps a gateway at ~580 DisRM req/s
+    assert cfg.gateway.ingress_replicas == 4
+    assert sum(m.ray_actor_options["num_gpus"] * m.replicas for m in cfg.models) <= 1.0
