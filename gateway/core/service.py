@@ -125,8 +125,9 @@ class RewardGateway:
                 continue
             reason = None
             if placement.within_class and reply.slot != placement.home:
-                reason = placement.reason if reply.slot == placement.first and \
-                    placement.reason != "preferred" else "unavailable"
+                reason = reply.reason or (placement.reason if reply.slot == placement.first
+                                          and placement.reason != "preferred"
+                                          else "unavailable")
             return Route(key, placement.home, reply.slot, reply.fingerprint,
                          reply.numerics_class, placement.within_class, reason), reply
         raise Rescaling(f"model {spec.name} is being rescaled; retry")

@@ -61,6 +61,9 @@ class EngineReply:
     #: The slot that answered: the placement's first, unless failover moved the request.
     slot: int = 0
     numerics_class: str | None = None
+    #: The transport placed the request on another class mate than the placement's first
+    #: (the class queue: that mate freed a place first): why, for the route (``load``).
+    reason: str | None = None
 
 
 @dataclass(frozen=True)

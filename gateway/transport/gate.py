@@ -1,5 +1,9 @@
 """The per-slot gate: at most ``capacity`` requests in a slot's engine, a bounded waiting room.
 
+``acquire_first`` waits at several gates at once (a numerics class's members): a request
+that any of them may answer with the same bits is admitted by the first that has room, its
+own slot preferred, instead of waiting behind a stalled slot while a class mate is free.
+
 The capacity is the slot's current mode's (1 when serialized, ``max_num_seqs`` when it
 batches) and follows it: a slot that restarts under another mode (a self-test fallback to
 ``serialize``) reports a new ``max_inflight``, and ``resize`` applies it to the waiting
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from gateway.core.errors import QueueFull
 
@@ -37,7 +41,7 @@ class SlotGate:
         self.capacity = max(1, capacity)
         self.max_waiting = max_waiting
         self.inflight = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[SlotGate]] = deque()
         self._queued_gauge = queued or _NoGauge()
         self._inflight_gauge = inflight or _NoGauge()
 
@@ -50,22 +54,35 @@ class SlotGate:
         self.capacity = max(1, capacity)
         self._wake()
 
+    @property
+    def has_room(self) -> bool:
+        """Whether a request arriving now would be let in at once."""
+        return self.inflight < self.capacity and not self._waiters
+
+    def _take(self) -> None:
+        self.inflight += 1
+        self._inflight_gauge.inc()
+
     def _wake(self) -> None:
         while self._waiters and self.inflight < self.capacity:
             waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.inflight += 1
-                self._inflight_gauge.inc()
-                waiter.set_result(None)
+            if not waiter.done():  # a waiter shared with other gates may be taken already
+                self._take()
+                waiter.set_result(self)
+
+    def _discard(self, waiter: "asyncio.Future[SlotGate]") -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
 
     async def acquire(self) -> None:
-        if self.inflight < self.capacity and not self._waiters:
-            self.inflight += 1
-            self._inflight_gauge.inc()
+        if self.has_room:
+            self._take()
             return
         if len(self._waiters) >= self.max_waiting:
             raise QueueFull("slot queue is full; retry later")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._queued_gauge.inc()
         try:
@@ -74,10 +91,7 @@ class SlotGate:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # admitted and cancelled in the same instant: pass it on
             else:
-                try:
-                    self._waiters.remove(waiter)
-                except ValueError:
-                    pass
+                self._discard(waiter)
             raise
         finally:
             self._queued_gauge.dec()
@@ -87,9 +101,53 @@ class SlotGate:
         self._inflight_gauge.dec()
         self._wake()
 
+    def admitted(self) -> "_Admitted":
+        """Release on exit of a place ``acquire_first`` already took."""
+        return _Admitted(self)
+
     async def __aenter__(self) -> "SlotGate":
         await self.acquire()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+class _Admitted:
+    def __init__(self, gate: SlotGate) -> None:
+        self.gate = gate
+
+    async def __aenter__(self) -> SlotGate:
+        return self.gate
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.release()
+
+
+async def acquire_first(gates: Sequence[SlotGate]) -> int:
+    """A place in one of ``gates`` (in preference order): the first with room now, else the
+    first to free one; returns its index. The request waits in every waiting room that has
+    space (first come, first served in each) and counts in the queue gauge of the first
+    only; ``QueueFull`` when every waiting room is full."""
+    for i, gate in enumerate(gates):
+        if gate.has_room:
+            gate._take()
+            return i
+    rooms = [g for g in gates if len(g._waiters) < g.max_waiting]
+    if not rooms:
+        raise QueueFull("every class mate's queue is full; retry later")
+    waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
+    for gate in rooms:
+        gate._waiters.append(waiter)
+    rooms[0]._queued_gauge.inc()
+    try:
+        admitted = await waiter
+    except BaseException:
+        if waiter.done() and not waiter.cancelled():
+            waiter.result().release()  # admitted and cancelled in the same instant
+        raise
+    finally:
+        rooms[0]._queued_gauge.dec()
+        for gate in rooms:
+            gate._discard(waiter)
+    return next(i for i, g in enumerate(gates) if g is admitted)

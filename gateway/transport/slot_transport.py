@@ -17,6 +17,7 @@ other bits. The one exception is a slot that scaling removed: its requests are h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping
@@ -34,7 +35,7 @@ from gateway.observability import metrics
 from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import AiohttpEngineClient, HandleEngineClient
-from gateway.transport.gate import SlotGate
+from gateway.transport.gate import SlotGate, acquire_first
 
 logger = logging.getLogger("rmgate")
 
@@ -145,11 +146,17 @@ class SlotTransport:
         """Answer on the placement's slots in order: each keeps the request for its wait
         budget while unreachable, then the next takes it; the last one's 503 is final."""
         candidates = placement.candidates
+        admitted: SlotGate | None = None
+        if placement.within_class and len(candidates) > 1 and self.settings.class_queue:
+            admitted, candidates = await self._admit_in_class(model, placement)
+        reason = "load" if candidates[0][0] != placement.first else None
         for n, (slot, wait_s) in enumerate(candidates):
+            first, admitted = admitted, None  # the class queue's place: the first attempt's
             try:
                 reply = await self._post_slot(model, slot, path, body, wait_s, timeout_s,
                                               placement.numerics_class
-                                              if placement.within_class else None)
+                                              if placement.within_class else None,
+                                              admitted=first)
             except SlotRemoved:
                 raise
             except SlotUnavailable:
@@ -158,19 +165,45 @@ class SlotTransport:
                 continue
             if slot != placement.home and not placement.within_class:
                 metrics.FAILOVERS.labels(model, str(placement.home), str(slot)).inc()
-            return reply
+            return dataclasses.replace(reply, reason=reason) if n == 0 and reason else reply
         raise AssertionError("a placement has at least one candidate")  # pragma: no cover
 
+    async def _admit_in_class(self, model: str, placement: Placement
+                              ) -> tuple[SlotGate | None, tuple[tuple[int, float], ...]]:
+        """The class queue: a place in the first of the placement's class mates to have
+        room (in the placement's order), and the candidates with that slot first. Only
+        mates that are reachable as far as the transport knows (their engine's address is
+        cached) and still of the placement's class wait; the others are left to the walk."""
+        members: list[tuple[int, SlotGate]] = []
+        for slot, _ in placement.candidates:
+            info = self.directory.cached(model, slot)
+            if info is not None and \
+                    self.directory.known_class(model, slot) == placement.numerics_class:
+                members.append((slot, self.gate(info)))
+        if len(members) < 2:
+            return None, placement.candidates
+        chosen, gate = members[await acquire_first([g for _, g in members])]
+        if chosen == placement.first:
+            return gate, placement.candidates
+        rest = [s for s, _ in placement.candidates if s != chosen]
+        waits = [0.0] * len(rest)
+        waits[-1] = placement.candidates[-1][1]
+        return gate, ((chosen, 0.0), *zip(rest, waits))
+
     async def _post_slot(self, model: str, slot: int, path: str, body: bytes, wait_s: float,
-                         timeout_s: float, expected_class: str | None = None) -> EngineReply:
+                         timeout_s: float, expected_class: str | None = None, *,
+                         admitted: SlotGate | None = None) -> EngineReply:
+        """``admitted``: a place in this slot's gate already taken (the class queue), used
+        by the first attempt (released whatever happens); later attempts queue anew."""
         state = RetryState(self.retry, wait_s, self.clock)
         labels = (model, str(slot))
         while True:
-            if self.slots.removed(model, slot):
-                raise SlotRemoved(f"slot {model}-{slot} was scaled away")
-            if state.remaining() <= 0 and self.directory.cached(model, slot) is None:
-                self._discover(model, slot)  # skipped now (a class mate answers), asked anew
+            held, admitted = admitted, None  # a place taken for this attempt only
             try:
+                if self.slots.removed(model, slot):
+                    raise SlotRemoved(f"slot {model}-{slot} was scaled away")
+                if state.remaining() <= 0 and self.directory.cached(model, slot) is None:
+                    self._discover(model, slot)  # skipped now (a class mate answers), asked anew
                 info = await self.directory.lookup(model, slot, state.remaining())
                 if expected_class is not None and \
                         self.directory.known_class(model, slot) != expected_class:
@@ -182,7 +215,9 @@ class SlotTransport:
                 if times is None:
                     times = self._answer_times[(model, slot)] = AnswerTimes(
                         self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels))
-                async with self.gate(info) as gate:
+                gate = self.gate(info)  # the one gate of (model, slot): ``held`` if any
+                entry, held = (gate.admitted() if held is not None else gate), None
+                async with entry:
                     start = self.clock()
                     # a serialized engine answers the ones in it one after another
                     token = times.started(gate.inflight if info.mode == "serialize" else 1)
@@ -210,6 +245,9 @@ class SlotTransport:
                                        info.numerics_class)
                 logger.warning("slot %s-%d answered %d; retrying", model, slot, status)
                 last_error = f"{status}: {content[:500]!r}"
+            finally:
+                if held is not None:  # the attempt ended before its engine call
+                    held.release()
             self.directory.forget(model, slot)
             if decision is Decision.ENGINE_FAILED:
                 raise EngineFailed(f"engine of slot {model}-{slot} failed ({last_error})")
