@@ -41,13 +41,23 @@ class SlotGate:
         self.capacity = max(1, capacity)
         self.max_waiting = max_waiting
         self.inflight = 0
+        #: Requests counted in this waiting room (a class-queue waiter waits at every mate
+        #: but is counted at one only, so a class holds the sum of its rooms).
+        self.queued = 0
         self._waiters: deque[asyncio.Future[SlotGate]] = deque()
         self._queued_gauge = queued or _NoGauge()
         self._inflight_gauge = inflight or _NoGauge()
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return self.queued
+
+    def _count(self, amount: int) -> None:
+        self.queued += amount
+        if amount > 0:
+            self._queued_gauge.inc(amount)
+        else:
+            self._queued_gauge.dec(-amount)
 
     def resize(self, capacity: int) -> None:
         """Let ``capacity`` requests in from now on (those already in finish as they are)."""
@@ -80,11 +90,11 @@ class SlotGate:
         if self.has_room:
             self._take()
             return
-        if len(self._waiters) >= self.max_waiting:
+        if self.queued >= self.max_waiting:
             raise QueueFull("slot queue is full; retry later")
         waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self._queued_gauge.inc()
+        self._count(1)
         try:
             await waiter
         except BaseException:
@@ -94,7 +104,7 @@ class SlotGate:
                 self._discard(waiter)
             raise
         finally:
-            self._queued_gauge.dec()
+            self._count(-1)
 
     def release(self) -> None:
         self.inflight -= 1
@@ -126,20 +136,22 @@ class _Admitted:
 
 async def acquire_first(gates: Sequence[SlotGate]) -> int:
     """A place in one of ``gates`` (in preference order): the first with room now, else the
-    first to free one; returns its index. The request waits in every waiting room that has
-    space (first come, first served in each) and counts in the queue gauge of the first
-    only; ``QueueFull`` when every waiting room is full."""
+    first to free one; returns its index. The request waits in every gate's FIFO but is
+    counted in one waiting room only (the emptiest, ties in preference order), so the
+    class as a whole queues as many as its rooms hold; ``QueueFull`` when every room is
+    full."""
     for i, gate in enumerate(gates):
         if gate.has_room:
             gate._take()
             return i
-    rooms = [g for g in gates if len(g._waiters) < g.max_waiting]
+    rooms = [g for g in gates if g.queued < g.max_waiting]
     if not rooms:
         raise QueueFull("every class mate's queue is full; retry later")
+    home = min(rooms, key=lambda g: g.queued / g.max_waiting)
     waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
-    for gate in rooms:
+    for gate in gates:
         gate._waiters.append(waiter)
-    rooms[0]._queued_gauge.inc()
+    home._count(1)
     try:
         admitted = await waiter
     except BaseException:
@@ -147,7 +159,7 @@ async def acquire_first(gates: Sequence[SlotGate]) -> int:
             waiter.result().release()  # admitted and cancelled in the same instant
         raise
     finally:
-        rooms[0]._queued_gauge.dec()
-        for gate in rooms:
+        home._count(-1)
+        for gate in gates:
             gate._discard(waiter)
     return next(i for i, g in enumerate(gates) if g is admitted)

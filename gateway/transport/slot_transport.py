@@ -149,7 +149,9 @@ class SlotTransport:
         admitted: SlotGate | None = None
         if placement.within_class and len(candidates) > 1 and self.settings.class_queue:
             admitted, candidates = await self._admit_in_class(model, placement)
-        reason = "load" if candidates[0][0] != placement.first else None
+        # placed on another mate by the class queue: for load (its own slot: drained, if so)
+        reason = None if candidates[0][0] == placement.first else (
+            "drained" if placement.reason == "drained" else "load")
         for n, (slot, wait_s) in enumerate(candidates):
             first, admitted = admitted, None  # the class queue's place: the first attempt's
             try:
@@ -216,7 +218,7 @@ class SlotTransport:
                     times = self._answer_times[(model, slot)] = AnswerTimes(
                         self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels))
                 gate = self.gate(info)  # the one gate of (model, slot): ``held`` if any
-                entry, held = (gate.admitted() if held is not None else gate), None
+                entry, held = (held.admitted() if held is not None else gate), None
                 async with entry:
                     start = self.clock()
                     # a serialized engine answers the ones in it one after another

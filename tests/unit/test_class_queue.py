@@ -31,7 +31,8 @@ async def test_a_waiter_goes_to_whichever_gate_frees_first_and_leaves_the_other(
     await b.acquire()
     waiter = asyncio.ensure_future(acquire_first([a, b]))
     await asyncio.sleep(0)
-    assert (a.waiting, b.waiting) == (1, 1)  # it waits at both
+    assert len(a._waiters) == len(b._waiters) == 1  # it waits at both ...
+    assert a.waiting + b.waiting == 1  # ... and is counted once
     b.release()  # the second frees first
     assert await waiter == 1
     assert (a.waiting, b.waiting) == (0, 0) and (a.inflight, b.inflight) == (1, 1)
@@ -59,14 +60,17 @@ async def test_every_waiting_room_full_is_queue_full_and_a_cancelled_waiter_leav
     a, b = SlotGate(1, 1), SlotGate(1, 1)
     await a.acquire()
     await b.acquire()
-    waiter = asyncio.ensure_future(acquire_first([a, b]))
+    waiters = [asyncio.ensure_future(acquire_first([a, b])) for _ in range(2)]
     await asyncio.sleep(0)
-    with pytest.raises(QueueFull):
-        await acquire_first([a, b])
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
+    with pytest.raises(QueueFull):  # one waiting place each: both taken
+        await asyncio.wait_for(acquire_first([a, b]), 1)
+    for waiter in waiters:
+        waiter.cancel()
+    for waiter in waiters:
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
     assert (a.waiting, b.waiting, a.inflight, b.inflight) == (0, 0, 1, 1)
+    assert not a._waiters and not b._waiters
     a.release()
     b.release()
     assert a.has_room and b.has_room
@@ -80,6 +84,8 @@ def _stalled_and_free(**settings):
     async def engine(request: httpx.Request) -> httpx.Response:
         if request.url.host == "stalled":
             await release.wait()
+        if request.url.host == "free" and getattr(release, "free_is_dead", False):
+            raise httpx.ConnectError("refused")
         return httpx.Response(200, json={"host": request.url.host})
 
     t, clock = transport(hosts=("stalled", "free"), **settings)
@@ -130,10 +136,12 @@ async def test_an_idle_gateway_answers_every_key_on_its_own_slot():
         assert reply.slot == 0 and reply.reason is None
 
 
-async def test_a_pinned_placement_never_uses_the_class_queue():
+async def test_a_placement_across_slots_not_within_a_class_never_uses_the_class_queue():
+    """``failover: next_slot`` lists both slots but is not a class placement: the request
+    waits at its first slot (the free one is only for after ``failover_after_s``)."""
     t, release = _stalled_and_free()
     await _describe(t)
-    pinned = Placement(((0, 120.0),))
+    pinned = Placement(((0, 120.0), (1, 120.0)))
     tasks = [asyncio.ensure_future(t.post("m", pinned, "/classify", b"{}", 30))
              for _ in range(3)]
     for _ in range(20):
@@ -141,3 +149,69 @@ async def test_a_pinned_placement_never_uses_the_class_queue():
     assert not any(task.done() for task in tasks)
     release.set()
     assert {r.slot for r in await asyncio.gather(*tasks)} == {0}
+
+
+async def test_admitted_and_cancelled_in_the_same_instant_passes_the_place_on():
+    a, b = SlotGate(1, 10), SlotGate(1, 10)
+    await a.acquire()
+    await b.acquire()
+    waiter = asyncio.ensure_future(acquire_first([a, b]))
+    await asyncio.sleep(0)
+    a.release()  # admits the waiter ...
+    waiter.cancel()  # ... which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (a.inflight, b.inflight, a.waiting, b.waiting) == (0, 1, 0, 0)
+
+
+async def test_a_class_holds_the_sum_of_its_waiting_rooms_each_waiter_counted_once():
+    a, b = SlotGate(1, 2), SlotGate(1, 2)
+    await a.acquire()
+    await b.acquire()
+    waiters = [asyncio.ensure_future(acquire_first([a, b])) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert all(not w.done() for w in waiters)  # 4 fit: 2 + 2
+    assert (a.waiting, b.waiting) == (2, 2)
+    with pytest.raises(QueueFull):
+        await acquire_first([a, b])
+    for _ in range(4):
+        (a if a.inflight else b).release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*waiters)
+    assert a.waiting == b.waiting == 0 and a.inflight + b.inflight == 2
+
+
+@pytest.mark.parametrize("change", ["other class", "removed", "unreachable"])
+async def test_a_place_the_class_queue_took_is_given_back_when_the_slot_cannot_answer(change):
+    """Admitted by slot 1's gate, slot 1 then turns out to be of another class, scaled away
+    or dead: its place is released (no leak) and the request ends as that case says."""
+    from gateway.core.errors import SlotClassChanged, SlotRemoved, SlotUnavailable
+
+    t, release = _stalled_and_free()
+    await _describe(t)
+    first = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", 30))
+    await asyncio.sleep(0.01)  # holds slot 0's only place
+    gate1 = t._gates[("m", 1)]
+    await gate1.acquire()  # slot 1 full too: the next request waits at both
+    waiting = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", 30))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert gate1.waiting + t._gates[("m", 0)].waiting == 1
+    if change == "other class":
+        t.directory.set_class("m", 1, "B")
+    elif change == "removed":
+        t.slots.update({"m": 1})
+    else:
+        release.free_is_dead = True  # slot 1's engine refuses connections from now on
+    gate1.release()  # admits the waiter at slot 1
+    if change == "unreachable":
+        release.set()  # it moves on to slot 0 (the last candidate), which now answers
+        reply = await waiting
+        assert reply.slot == 0
+    else:
+        with pytest.raises((SlotClassChanged, SlotRemoved, SlotUnavailable)):
+            await waiting
+        release.set()
+    await first
+    assert gate1.inflight == 0 and gate1.waiting == 0
+    assert t._gates[("m", 0)].inflight == 0
