@@ -17,6 +17,14 @@ from gateway.transport.gate import SlotGate, acquire_first
 from tests.unit.test_routing import transport
 
 
+async def two_full_gates(max_waiting: int = 10) -> tuple[SlotGate, SlotGate]:
+    """Two class mates' gates of one place each, both taken."""
+    a, b = SlotGate(1, max_waiting), SlotGate(1, max_waiting)
+    await a.acquire()
+    await b.acquire()
+    return a, b
+
+
 async def test_the_first_gate_with_room_is_taken_in_preference_order():
     a, b = SlotGate(1, 10), SlotGate(1, 10)
     assert await acquire_first([a, b]) == 0 and (a.inflight, b.inflight) == (1, 0)
@@ -26,9 +34,7 @@ async def test_the_first_gate_with_room_is_taken_in_preference_order():
 
 
 async def test_a_waiter_goes_to_whichever_gate_frees_first_and_leaves_the_other():
-    a, b = SlotGate(1, 10), SlotGate(1, 10)
-    await a.acquire()
-    await b.acquire()
+    a, b = await two_full_gates()
     waiter = asyncio.ensure_future(acquire_first([a, b]))
     await asyncio.sleep(0)
     assert len(a._waiters) == len(b._waiters) == 1  # it waits at both ...
@@ -41,9 +47,7 @@ async def test_a_waiter_goes_to_whichever_gate_frees_first_and_leaves_the_other(
 
 
 async def test_waiters_keep_their_arrival_order_across_gates():
-    a, b = SlotGate(1, 10), SlotGate(1, 10)
-    await a.acquire()
-    await b.acquire()
+    a, b = await two_full_gates()
     first = asyncio.ensure_future(acquire_first([a, b]))
     await asyncio.sleep(0)
     own = asyncio.ensure_future(b.acquire())  # a request pinned to b, after `first`
@@ -57,9 +61,7 @@ async def test_waiters_keep_their_arrival_order_across_gates():
 
 
 async def test_every_waiting_room_full_is_queue_full_and_a_cancelled_waiter_leaves_no_trace():
-    a, b = SlotGate(1, 1), SlotGate(1, 1)
-    await a.acquire()
-    await b.acquire()
+    a, b = await two_full_gates(1)
     waiters = [asyncio.ensure_future(acquire_first([a, b])) for _ in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(QueueFull):  # one waiting place each: both taken
@@ -152,9 +154,7 @@ async def test_a_placement_across_slots_not_within_a_class_never_uses_the_class_
 
 
 async def test_admitted_and_cancelled_in_the_same_instant_passes_the_place_on():
-    a, b = SlotGate(1, 10), SlotGate(1, 10)
-    await a.acquire()
-    await b.acquire()
+    a, b = await two_full_gates()
     waiter = asyncio.ensure_future(acquire_first([a, b]))
     await asyncio.sleep(0)
     a.release()  # admits the waiter ...
@@ -165,9 +165,7 @@ async def test_admitted_and_cancelled_in_the_same_instant_passes_the_place_on():
 
 
 async def test_a_class_holds_the_sum_of_its_waiting_rooms_each_waiter_counted_once():
-    a, b = SlotGate(1, 2), SlotGate(1, 2)
-    await a.acquire()
-    await b.acquire()
+    a, b = await two_full_gates(2)
     waiters = [asyncio.ensure_future(acquire_first([a, b])) for _ in range(4)]
     await asyncio.sleep(0)
     assert all(not w.done() for w in waiters)  # 4 fit: 2 + 2
