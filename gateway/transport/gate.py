@@ -160,6 +160,10 @@ async def acquire_first(gates: Sequence[SlotGate]) -> int:
         raise
     finally:
         home._count(-1)
+        taken = waiter.result() if waiter.done() and not waiter.cancelled() else None
         for gate in gates:
-            gate._discard(waiter)
+            # the admitting gate popped it already (a remove there would scan its whole
+            # FIFO for nothing); elsewhere it is among the oldest, near the front
+            if gate is not taken:
+                gate._discard(waiter)
     return next(i for i, g in enumerate(gates) if g is admitted)
