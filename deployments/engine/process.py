@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from deployments.engine.args import EnginePlan
+from deployments.engine.ports import listener_is_ours
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,6 +82,7 @@ class EngineProcess:
                         f"; log {self.log_path}:\n{self.log_tail()}")
                 try:
                     if client.get(self.url + "/health").status_code == 200:
+                        self._check_listener()
                         return
                 except httpx.HTTPError:
                     pass
@@ -88,6 +90,17 @@ class EngineProcess:
         self.stop()
         raise EngineStartError(f"engine {self.name} not healthy after {timeout_s:.0f}s; "
                                f"log {self.log_path}:\n{self.log_tail()}")
+
+    def _check_listener(self) -> None:
+        """The answer on our port must come from our engine (``deployments.engine.ports``):
+        a port handed to two engines would give this slot another model's answers."""
+        port = int(self.url.rsplit(":", 1)[1])
+        if self.proc is not None and listener_is_ours(port, self.proc.pid) is False:
+            self.stop()
+            raise EngineStartError(
+                f"engine {self.name}: port {port} answers, but not from this engine's "
+                f"processes (another program listens on it); log {self.log_path}:\n"
+                f"{self.log_tail()}")
 
     async def healthy(self, client: httpx.AsyncClient) -> bool:
         if not self.alive():

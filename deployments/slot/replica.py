@@ -19,7 +19,8 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.engine.args import detect_platform, engine_headers, needs_selftest, plan_engine
-from deployments.engine.process import EngineProcess, free_port
+from deployments.engine.ports import PortReservation
+from deployments.engine.process import EngineProcess
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
 from deployments.engine.selftest import run_selftest
@@ -65,7 +66,8 @@ class SlotReplica:
         self._start_engine(self.spec)
         if needs_selftest(self.spec, self.plan.mode):
             result = run_selftest(self.engine.url, self.spec.kind, self.spec.name,
-                                  headers=engine_headers(self.plan))
+                                  headers=engine_headers(self.plan),
+                                  max_model_len=self.spec.max_model_len)
             self.selftest = {**result.as_dict(), "mode": self.plan.mode}
             logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
             if not result.passed:
@@ -78,6 +80,9 @@ class SlotReplica:
                                       self.engine.url)
         logger.info("slot %s-%d: numerics class %s (probe digest %s)", self.spec.name, slot,
                     self.numerics["class_id"], (self.numerics["probe_digest"] or "-")[:12])
+        if self.numerics.get("error"):  # a class of its own: its keys never move
+            logger.warning("slot %s-%d: no numerics class (%s); its keys stay on it",
+                           self.spec.name, slot, self.numerics["error"])
         self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
         logger.info("slot %s-%d: engine ready at %s (mode %s)", self.spec.name, slot,
                     self.engine.url, self.plan.mode)
@@ -87,7 +92,8 @@ class SlotReplica:
         # does too, with the secret only it is told (endpoint())
         host = ENGINE_HOST if spec.engine_host == "loopback" else _node_address()
         self.secret = secrets.token_urlsafe(32) if spec.engine_host == "node" else None
-        port = free_port(host)
+        reservation = PortReservation(host)  # held until our engine listens on it
+        port = reservation.port
         self.plan = plan_engine(spec, self.platform, port=port, host=host,
                                 slot=self.slot, secret=self.secret)
         self.model_digest = digest_dir(spec.model_path)
@@ -102,8 +108,11 @@ class SlotReplica:
         self.engine = EngineProcess(self.plan, host, port, f"{spec.name}-{self.slot}")
         logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
                     port, self.plan.mode)
-        self.engine.start()
-        self.engine.wait_ready(spec.startup_timeout_s)
+        try:
+            self.engine.start()
+            self.engine.wait_ready(spec.startup_timeout_s)
+        finally:
+            reservation.release()
 
     async def endpoint(self) -> dict[str, Any]:
         """Where the ingress reaches this slot's engine, and what its answers depend on."""

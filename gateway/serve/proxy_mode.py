@@ -22,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from deployments.engine.process import free_port
+from deployments.engine.ports import fixed_port
 
 PROXIES = ("haproxy", "serve")
 
@@ -83,5 +83,8 @@ def proxy_env(proxy: str, workdir: Path) -> dict[str, str]:
            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state")}
     for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
                  "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"):
-        env[name] = str(free_port())
+        # HAProxy binds these itself, later: below the ephemeral range, where no bind(0)
+        # or outgoing connection of Ray or an engine takes them meanwhile (one H200 run
+        # lost its gateway to "cannot bind socket" on the metrics port)
+        env[name] = str(fixed_port())
     return {k: os.environ.get(k, v) for k, v in env.items()}

@@ -42,6 +42,7 @@ from typing import Iterator
 import httpx
 import pytest
 
+from deployments.engine.ports import listening_table, socket_inodes  # noqa: E402
 from benchmarks.harness import (free_port, processes_with_env, stop_process_group,
                                 wait_until_gone, wait_until_serving)
 
@@ -218,31 +219,9 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000",  # 127.0.0.1, ::1
 def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
     """(pid, local address in /proc/net hex, port) of every TCP socket in LISTEN state
     that one of ``pids`` holds."""
-    inodes: dict[str, tuple[str, int]] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                addr, port = fields[1].split(":")
-                inodes[fields[9]] = (addr, int(port, 16))
-    found = []
-    for pid in pids:
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                found.append((pid, *inodes[target[8:-1]]))
-    return sorted(set(found))
+    table = listening_table()
+    return sorted({(pid, *table[inode]) for pid in pids for inode in socket_inodes(pid)
+                   if inode in table})
 
 
 def describe(pid: int) -> str:
