@@ -283,6 +283,24 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def model_classes(url: str) -> dict[str, Any]:
+    """Each model's slot classes from ``/v1/models``. Class placement needs both slots of a
+    model in one class; a slot without one (its probes failed) keeps its keys, and the run
+    would measure pinned placement under the name of class placement: refuse it."""
+    import httpx
+
+    cards = httpx.get(url + "/v1/models", timeout=60).json()["data"]
+    out = {c["id"]: {"classes": c.get("numerics_classes"),
+                     "errors": [(n or {}).get("error") for n in c.get("numerics", [])]}
+           for c in cards}
+    for name in ("rm", "judge"):
+        got = out.get(name, {}).get("classes") or [None]
+        if None in got or len(set(got)) != 1:
+            raise SystemExit(f"model {name}: its slots are not one numerics class ({out.get(name)}); "
+                             "class placement cannot move its keys")
+    return out
+
+
 def main() -> None:
     # Started in the background a process inherits SIGINT ignored: make SIGINT and SIGTERM
     # unwind (the gateway, the proxies and the throttle are undone on the way out).
@@ -316,13 +334,14 @@ def main() -> None:
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
                 for m in ("rm", "judge", "rm-off") for u in engine_urls(engines, m, 2)[:1]]
         started = round(time.perf_counter() - t0, 1)
+        classes = model_classes(url)
         slow_by = args.slow_by or ("throttle" if can_throttle() else "duty")
         how = (cpu_throttled(slow, args.cpu_share) if slow_by == "throttle"
                else duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000))
         with how:
             report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
                                          args.rounds, args.out))
-    report.update(started_s=started, quick=args.quick, load_weight=args.load_weight,
+    report.update(started_s=started, classes=classes, quick=args.quick, load_weight=args.load_weight,
                   date=time.strftime("%Y-%m-%d"),
                   slow_slot=(f"slot 0 of every model, CPU-capped at {args.cpu_share:g} of a core"
                              if slow_by == "throttle" else

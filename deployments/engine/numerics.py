@@ -108,11 +108,12 @@ def slot_identity(spec: ModelSpec, plan: EnginePlan, platform: Platform,
 
 def probe_digest(url: str, kind: str, model: str, timeout_s: float = 600.0,
                  transport: httpx.BaseTransport | None = None,
-                 headers: dict[str, str] | None = None) -> str:
+                 headers: dict[str, str] | None = None,
+                 max_model_len: int | None = None) -> str:
     """sha256 over the canonical answers to the golden probes, sent one at a time."""
     answers = []
     with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client:
-        for path, body in probe_requests(kind, model):
+        for path, body in probe_requests(kind, model, max_model_len):
             resp = client.post(url + path, json=body)
             resp.raise_for_status()
             answers.append(answer_of(path, resp.json()).canonical)
@@ -125,7 +126,8 @@ def slot_numerics(spec: ModelSpec, plan: EnginePlan, platform: Platform, model_d
     reason when the probes could not be answered: the slot is then a class of its own)."""
     identity = slot_identity(spec, plan, platform, model_digest)
     try:
-        digest = probe_digest(url, spec.kind, spec.name, headers=engine_headers(plan))
+        digest = probe_digest(url, spec.kind, spec.name, headers=engine_headers(plan),
+                              max_model_len=spec.max_model_len)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return {"class_id": None, "probe_digest": None, "identity": identity,
                 "error": f"probes failed: {type(exc).__name__}: {exc}"}

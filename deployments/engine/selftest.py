@@ -50,16 +50,35 @@ class SelfTestResult:
         return asdict(self)
 
 
-def probe_requests(kind: str, model: str) -> list[tuple[str, dict[str, Any]]]:
-    """(path, body) of each probe for a model of ``kind``."""
+#: Tokens a probe may need beyond its text: the chat template and the 16 generated tokens
+#: (generative), special tokens (discriminative). The texts are ASCII digits, letters and
+#: signs: no tokenizer gives them more than one token per character.
+PROBE_MARGIN_TOKENS = {"generative": 64 + 16, "discriminative": 16}
+
+
+def probe_texts(kind: str, max_model_len: int | None = None) -> tuple[str, ...]:
+    """The probes that fit the model's context. Measured: with ``max_model_len: 512`` the
+    longest judge probe (~500 characters + the template) was refused with a 400, so every
+    judge slot's probe digest failed, its class was unknown and its keys stayed pinned."""
+    if max_model_len is None:
+        return PROBE_TEXTS
+    room = max_model_len - PROBE_MARGIN_TOKENS.get(kind, 80)
+    fitting = tuple(t for t in PROBE_TEXTS if len(t) <= room)
+    return fitting or PROBE_TEXTS[:8]  # the one-character probes fit any context
+
+
+def probe_requests(kind: str, model: str,
+                   max_model_len: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(path, body) of each probe for a model of ``kind`` (those that fit its context)."""
+    texts = probe_texts(kind, max_model_len)
     if kind == "discriminative":
         return [("/classify", {"model": model, "input": t, "use_activation": False})
-                for t in PROBE_TEXTS]
+                for t in texts]
     return [("/v1/chat/completions",
              {"model": model, "messages": [{"role": "user", "content": t}], "seed": 1000 + i,
               "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "logprobs": True,
               "top_logprobs": 1, "ignore_eos": True})
-            for i, t in enumerate(PROBE_TEXTS)]
+            for i, t in enumerate(texts)]
 
 
 def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -70,9 +89,10 @@ def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> di
 
 def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
                  transport: httpx.BaseTransport | None = None,
-                 headers: dict[str, str] | None = None) -> SelfTestResult:
+                 headers: dict[str, str] | None = None,
+                 max_model_len: int | None = None) -> SelfTestResult:
     """Warm-up batch, every probe alone, one batch in another order; compare bitwise."""
-    probes = probe_requests(kind, model)
+    probes = probe_requests(kind, model, max_model_len)
     order_a, order_b = list(range(len(probes))), list(range(len(probes)))
     random.Random(1).shuffle(order_a)
     random.Random(2).shuffle(order_b)

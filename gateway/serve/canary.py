@@ -70,7 +70,7 @@ class Canary:
         answers = []
         pinned = Placement(((slot, self.config.gateway.slot_wait_s),))
         try:
-            for path, body in probe_requests(spec.kind, spec.name):
+            for path, body in probe_requests(spec.kind, spec.name, spec.max_model_len):
                 reply = await self.transport.post(model, pinned, path, canonical_json(body),
                                                   self.config.gateway.request_timeout_s)
                 if reply.status != 200:
