@@ -249,7 +249,7 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
         Model("rm-auto-wide", "rm", "auto", max_num_seqs=1024, kv_gib=3,
               extra={"max_num_batched_tokens": 32768}),
     ], [], [
-        ("throughput", {"kind": "rm", "levels": [256, 1024], "rounds": 2,
+        ("throughput", {"kind": "rm", "levels": [256, 1024], "rounds": 1,
                         "paths": ["engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
                                   "rmgate_serial"], "label": "2slots"}),
         ("throughput", {"kind": "rm", "levels": [256, 1024], "rounds": 1, "model_tag": "wide",
@@ -257,7 +257,7 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
         ("scale", {"model": "rm-auto", "slots": 1}),
         ("scale", {"model": "rm-off", "slots": 1}),
         ("scale", {"model": "rm-serialize", "slots": 1}),
-        ("throughput", {"kind": "rm", "levels": [256], "rounds": 2,
+        ("throughput", {"kind": "rm", "levels": [256], "rounds": 1,
                         "paths": ["engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
                                   "rmgate_serial"], "label": "1slot"}),
     ], {"rm": (2048, 96)},
