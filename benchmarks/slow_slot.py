@@ -276,7 +276,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel("requests/s")
-        ax.set_title(f"{kind.upper()}, slot 0 stopped 90 % of the time")
+        ax.set_title(f"{kind.upper()}: {report.get('slow_slot', 'slot 0 made slow')}",
+                     fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
