@@ -92,27 +92,24 @@ class SlotReplica:
         # does too, with the secret only it is told (endpoint())
         host = ENGINE_HOST if spec.engine_host == "loopback" else _node_address()
         self.secret = secrets.token_urlsafe(32) if spec.engine_host == "node" else None
-        reservation = PortReservation(host)  # held until our engine listens on it
-        port = reservation.port
-        self.plan = plan_engine(spec, self.platform, port=port, host=host,
-                                slot=self.slot, secret=self.secret)
-        self.model_digest = digest_dir(spec.model_path)
-        self.fingerprint = build_fingerprint(
-            model_digest=self.model_digest, device=self.platform.name,
-            mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
-            attention=self.plan.attention_backend)
-        if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
-            cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
-            self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
-            self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        self.engine = EngineProcess(self.plan, host, port, f"{spec.name}-{self.slot}")
-        logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
-                    port, self.plan.mode)
-        try:
+        with PortReservation(host) as reservation:  # held until our engine listens on it
+            port = reservation.port
+            self.plan = plan_engine(spec, self.platform, port=port, host=host,
+                                    slot=self.slot, secret=self.secret)
+            self.model_digest = digest_dir(spec.model_path)
+            self.fingerprint = build_fingerprint(
+                model_digest=self.model_digest, device=self.platform.name,
+                mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
+                attention=self.plan.attention_backend)
+            if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
+                cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
+                self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+                self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+            self.engine = EngineProcess(self.plan, host, port, f"{spec.name}-{self.slot}")
+            logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
+                        port, self.plan.mode)
             self.engine.start()
             self.engine.wait_ready(spec.startup_timeout_s)
-        finally:
-            reservation.release()
 
     async def endpoint(self) -> dict[str, Any]:
         """Where the ingress reaches this slot's engine, and what its answers depend on."""
