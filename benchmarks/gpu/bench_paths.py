@@ -110,6 +110,8 @@ class Model:
     max_num_seqs: int = 256
     kv_gib: float = 4.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: model-level config keys beside the engine arguments (e.g. ``serialize_inflight``)
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -243,6 +245,52 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
             "engine_auto", "rmgate_auto", "engine_off", "rmgate_off", "rmgate_serial", label="1slot"),
     ], {"rm": (2048, 96)},
         note="7B DisRM: 2 slots then 1 (auto, off, serialize); wide = max_num_seqs 1024, 32k-token step"),
+    # The 1.5B slot count settled (the 12-02 run lost a slot to the shared-port bug): 4 ->
+    # 2 -> 1 batch-invariant slots per model by `rmgate scale`, nothing else on the GPU.
+    "slots-1.5b": lambda: Layout("1.5b", [
+        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+    ], [], [
+        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
+        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
+        ("scale", {"model": "rm-auto", "slots": 2}),
+        ("scale", {"model": "grm-auto", "slots": 2}),
+        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
+        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
+        ("scale", {"model": "rm-auto", "slots": 1}),
+        ("scale", {"model": "grm-auto", "slots": 1}),
+        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
+        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
+    ], {"rm": (3072, 512), "grm": (1024, 24)},
+        note="1.5B: 4, 2, then 1 batch-invariant slot per model (rmgate scale), nothing else on the GPU"),
+    # The 7B judge with one slot per model, every path, two rounds (the 12-02 run lost the
+    # rmgate `off` row to its deadline): the GRM >= 0.85x `off` target.
+    "grm-7b-1slot": lambda: Layout("7b", [
+        Model("grm-auto", "grm", "auto", kv_gib=4),
+        Model("grm-off", "grm", "off", kv_gib=4),
+    ], [], [
+        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
+            rounds=2, label="1slot"),
+    ], {"grm": (1024, 12)},
+        note="7B GRM: one auto and one off slot, every path, two rounds at c=1024"),
+    # The `serialize` targets at 0.5B, one variable at a time: the shipped small layout
+    # (configs/gpu-small.yaml: 4 + 4 batch-invariant slots) against one serialized slot
+    # with today's 4 requests let into the engine and with one (the seed's and verl's:
+    # the next request is sent when the last is answered).
+    "serialize-0.5b": lambda: Layout("0.5b", [
+        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+        Model("rm-serialize", "rm", "serialize", kv_gib=0.5),
+        Model("rm-serialize-one", "rm", "serialize", kv_gib=0.5, spec={"serialize_inflight": 1}),
+        Model("grm-serialize", "grm", "serialize", kv_gib=1),
+        Model("grm-serialize-one", "grm", "serialize", kv_gib=1, spec={"serialize_inflight": 1}),
+    ], [], [
+        _tp("rm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
+        _tp("rm", [256], "rmgate_serial", model_tag="one"),
+        _tp("grm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
+        _tp("grm", [256], "rmgate_serial", model_tag="one"),
+    ], {"rm": (3072, 384), "grm": (1024, 32)},
+        note="0.5B: 4 + 4 auto slots (gpu-small) vs one serialized slot, serialize_inflight 4 and 1"),
 }
 SIZES = {"0.5b": ("grm-0.5b", "rm-0.5b"), "1.5b": ("grm-1.5b", "rm-1.5b"), "7b": ("grm-7b", "rm-7b")}
 
@@ -268,7 +316,7 @@ def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
             "model_path": info["path"], "replicas": m.slots, "determinism": m.mode,
             "engine_args": args, "engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
             "ray_actor_options": {"num_cpus": 0, "num_gpus": frac},
-            "max_queue_per_slot": 100000, "startup_timeout_s": 900})
+            "max_queue_per_slot": 100000, "startup_timeout_s": 900, **m.spec})
     return {"http_options": {"host": "127.0.0.1", "port": 8000},
             "applications": [{"name": "rmgate", "route_prefix": "/",
                               "import_path": "gateway.app:build_app",
@@ -522,8 +570,6 @@ class Bench:
                          label: str = "") -> None:
         n, n_ser = self.layout.n_tp[kind]
         all_paths = self.paths(kind, model_tag)
-        if model_tag:  # a variant model (e.g. rm-auto-wide): its auto engine only
-            all_paths = {k: v for k, v in all_paths.items() if k in ("engine_auto", "rmgate_auto")}
         chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
         key = f"throughput_{kind}" + (f"_{model_tag}" if model_tag else "") + (f"_{label}" if label else "")
         result: dict[str, Any] = {"requests": n, "serial_requests": n_ser, "paths": {}}
