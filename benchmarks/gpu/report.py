@@ -25,22 +25,25 @@ def fmt(x: Any, nd: int = 0) -> str:
 
 
 def throughput_table(rep: dict[str, Any], kind: str) -> list[str]:
-    ph = {k: v for k, v in rep["phases"].items() if k == f"throughput_{kind}"}
-    if not ph:
-        return []
+    """One table per concurrency of every ``throughput_<kind>[_<tag/label>]`` phase."""
+    phases = {k: v for k, v in rep["phases"].items()
+              if k == f"throughput_{kind}" or k.startswith(f"throughput_{kind}_")}
     anchor = (rep["phases"].get("anchors") or {}).get(kind) or {}
     out = []
-    for c, row in ph[f"throughput_{kind}"]["paths"].items():
+    rows = [(k.removeprefix(f"throughput_{kind}").lstrip("_"), c, row)
+            for k, ph in phases.items() for c, row in ph["paths"].items()]
+    for variant, c, row in rows:
         if not row:
             continue
-        if anchor.get("req_per_s"):
+        if anchor.get("req_per_s") and not variant:
             row = {"offline_auto": {"req_per_s": anchor["req_per_s"], "gen_tok_per_s": anchor.get("gen_tok_per_s"),
                                     "gpu_util_pct": anchor.get("gpu_util_pct"), "gateway_cpu_ms_per_req": None,
                                     "loadgen_cpu_ms_per_req": None, "p50_ms": None, "req_per_s_rounds": []}, **row}
         base = row.get("engine_auto", {}).get("req_per_s")
         ser = row.get("rmgate_serial", {}).get("req_per_s")
         tok = kind == "grm"
-        out.append(f"\n{rep['size']} {'GRM (chat, 64 tokens)' if tok else 'DisRM (/classify)'}, concurrency {c}\n")
+        out.append(f"\n{rep['size']} {'GRM (chat, 64 tokens)' if tok else 'DisRM (/classify)'}"
+                   + (f" ({variant})" if variant else "") + f", concurrency {c}\n")
         out.append("| path | req/s | rounds | " + ("gen tok/s | " if tok else "")
                    + "× engine direct | × serialize | gateway CPU ms/req | load-gen CPU ms/req | GPU util % | p50 ms |")
         out.append("|---|---|---|" + ("---|" if tok else "") + "---|---|---|---|---|---|")
