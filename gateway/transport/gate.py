@@ -169,9 +169,9 @@ async def acquire_first(gates: Sequence[SlotGate],
     first to free one; returns its index. ``accepts(i)``: whether gate ``i`` (not the
     first, the placement's own choice, which always may) may take the request now; asked
     again each time that gate frees a place. The request waits in every gate's FIFO but is
-    counted in one waiting room only (the emptiest, ties in preference order), so the
-    class as a whole queues as many as its rooms hold; ``QueueFull`` when every room is
-    full."""
+    counted in one waiting room only (the first gate's while it has space, else the
+    emptiest), so the class as a whole queues as many as its rooms hold; ``QueueFull``
+    when every room is full."""
     def may(i: int) -> bool:
         return i == 0 or accepts is None or accepts(i)
 
@@ -182,7 +182,10 @@ async def acquire_first(gates: Sequence[SlotGate],
     rooms = [g for g in gates if g.queued < g.max_waiting]
     if not rooms:
         raise QueueFull("every class mate's queue is full; retry later")
-    home = min(rooms, key=lambda g: g.queued / g.max_waiting)
+    # Counted where placement sent it while that room has space: the load view then shows
+    # the queue at the slot expected to take it, not at a slow mate that refuses it (which
+    # then looked busy, so its own keys stopped going to it even when it sat idle).
+    home = gates[0] if gates[0] in rooms else min(rooms, key=lambda g: g.queued / g.max_waiting)
     index = {id(g): i for i, g in enumerate(gates)}
     waiter = _Waiter(asyncio.get_running_loop().create_future(),
                      None if accepts is None else (lambda g: may(index[id(g)])))

@@ -298,7 +298,24 @@ async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_
         gate1.release()
         return
     assert not task.done() and gate0.inflight == 0 and gate1.waiting + gate0.waiting == 1
+    # counted where it will be answered: the slow slot still looks idle, so its own keys
+    # go to it (an idle slot takes its own keys), as they should
+    assert t.slot_view("m", 2).load == {0: 0, 1: 2}
     gate1.release()
     reply = await asyncio.wait_for(task, 5)
     assert reply.slot == 1 and reply.reason is None
     assert (gate0.inflight, gate1.inflight, gate0.waiting, gate1.waiting) == (0, 0, 0, 0)
+
+
+async def test_a_waiter_is_counted_in_its_first_gates_room_while_that_has_space():
+    a, b = await two_full_gates(3)
+    waiters = [asyncio.ensure_future(acquire_first([b, a])) for _ in range(4)]
+    await asyncio.sleep(0)
+    # b's room (the placement's choice) while it has space, then the emptiest (before:
+    # always the emptiest, which spread them 2 / 2 and showed a refusing mate as busy)
+    assert (a.waiting, b.waiting) == (1, 3)
+    assert [w.done() for w in waiters] == [False] * 4
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert (a.waiting, b.waiting) == (0, 0)
