@@ -3,6 +3,9 @@
 ``acquire_first`` waits at several gates at once (a numerics class's members): a request
 that any of them may answer with the same bits is admitted by the first that has room, its
 own slot preferred, instead of waiting behind a stalled slot while a class mate is free.
+A mate other than the placement's choice takes it only while the caller's ``accepts``
+says so (placement's weighed rule, ``gateway.core.placement.takes_waiter``): a free place
+on a slot ten times slower is not worth taking while the fast mate would answer sooner.
 
 The capacity is the slot's current mode's (1 when serialized, ``max_num_seqs`` when it
 batches) and follows it: a slot that restarts under another mode (a self-test fallback to
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from gateway.core.errors import QueueFull
 
@@ -33,6 +36,22 @@ class _NoGauge:
         return None
 
 
+#: How many waiters a freed place looks at, past the ones it may not take, before it stays
+#: free (a bound on the hot path's work; the skipped ones are taken by their other gates).
+SCAN_LIMIT = 16
+
+
+class _Waiter:
+    """A request waiting for a place: its future, and which gates may take it (None: any)."""
+
+    __slots__ = ("future", "accepts")
+
+    def __init__(self, future: "asyncio.Future[SlotGate]",
+                 accepts: "Callable[[SlotGate], bool] | None" = None) -> None:
+        self.future = future
+        self.accepts = accepts
+
+
 class SlotGate:
     """A resizable counting gate, first come first served, with a bounded waiting room."""
 
@@ -44,7 +63,7 @@ class SlotGate:
         #: Requests counted in this waiting room (a class-queue waiter waits at every mate
         #: but is counted at one only, so a class holds the sum of its rooms).
         self.queued = 0
-        self._waiters: deque[asyncio.Future[SlotGate]] = deque()
+        self._waiters: deque[_Waiter] = deque()
         self._queued_gauge = queued or _NoGauge()
         self._inflight_gauge = inflight or _NoGauge()
 
@@ -66,7 +85,8 @@ class SlotGate:
 
     @property
     def has_room(self) -> bool:
-        """Whether a request arriving now would be let in at once."""
+        """Whether a request arriving now would be let in at once (waiters this gate may
+        not take can keep a place free: ``_wake`` after queueing settles that)."""
         return self.inflight < self.capacity and not self._waiters
 
     def _take(self) -> None:
@@ -74,13 +94,21 @@ class SlotGate:
         self._inflight_gauge.inc()
 
     def _wake(self) -> None:
-        while self._waiters and self.inflight < self.capacity:
+        """Free places go to the oldest waiters this gate may take; the ones it may not
+        (a class waiter its weighed rule keeps for a faster mate) keep their turn."""
+        kept: list[_Waiter] = []
+        while self._waiters and self.inflight < self.capacity and len(kept) < SCAN_LIMIT:
             waiter = self._waiters.popleft()
-            if not waiter.done():  # a waiter shared with other gates may be taken already
-                self._take()
-                waiter.set_result(self)
+            if waiter.future.done():  # a waiter shared with other gates may be taken already
+                continue
+            if waiter.accepts is not None and not waiter.accepts(self):
+                kept.append(waiter)
+                continue
+            self._take()
+            waiter.future.set_result(self)
+        self._waiters.extendleft(reversed(kept))
 
-    def _discard(self, waiter: "asyncio.Future[SlotGate]") -> None:
+    def _discard(self, waiter: _Waiter) -> None:
         try:
             self._waiters.remove(waiter)
         except ValueError:
@@ -92,13 +120,14 @@ class SlotGate:
             return
         if self.queued >= self.max_waiting:
             raise QueueFull("slot queue is full; retry later")
-        waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         self._count(1)
+        self._wake()  # a place kept free for a faster mate's waiter is this one's
         try:
-            await waiter
+            await waiter.future
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.future.done() and not waiter.future.cancelled():
                 self.release()  # admitted and cancelled in the same instant: pass it on
             else:
                 self._discard(waiter)
@@ -134,36 +163,53 @@ class _Admitted:
         self.gate.release()
 
 
-async def acquire_first(gates: Sequence[SlotGate]) -> int:
+async def acquire_first(gates: Sequence[SlotGate],
+                        accepts: Callable[[int], bool] | None = None) -> int:
     """A place in one of ``gates`` (in preference order): the first with room now, else the
-    first to free one; returns its index. The request waits in every gate's FIFO but is
-    counted in one waiting room only (the emptiest, ties in preference order), so the
-    class as a whole queues as many as its rooms hold; ``QueueFull`` when every room is
-    full."""
+    first to free one; returns its index. ``accepts(i)``: whether gate ``i`` (not the
+    first, the placement's own choice, which always may) may take the request now; asked
+    again each time that gate frees a place. The request waits in every gate's FIFO but is
+    counted in one waiting room only (the first gate's while it has space, else the
+    emptiest), so the class as a whole queues as many as its rooms hold; ``QueueFull``
+    when every room is full."""
+    def may(i: int) -> bool:
+        return i == 0 or accepts is None or accepts(i)
+
     for i, gate in enumerate(gates):
-        if gate.has_room:
+        if gate.has_room and may(i):
             gate._take()
             return i
     rooms = [g for g in gates if g.queued < g.max_waiting]
     if not rooms:
         raise QueueFull("every class mate's queue is full; retry later")
-    home = min(rooms, key=lambda g: g.queued / g.max_waiting)
-    waiter: asyncio.Future[SlotGate] = asyncio.get_running_loop().create_future()
+    # Counted where placement sent it while that room has space: the load view then shows
+    # the queue at the slot expected to take it, not at a slow mate that refuses it (which
+    # then looked busy, so its own keys stopped going to it even when it sat idle).
+    home = gates[0] if gates[0] in rooms else min(rooms, key=lambda g: g.queued / g.max_waiting)
+    index = {id(g): i for i, g in enumerate(gates)}
+    waiter = _Waiter(asyncio.get_running_loop().create_future(),
+                     None if accepts is None else (lambda g: may(index[id(g)])))
     for gate in gates:
         gate._waiters.append(waiter)
     home._count(1)
+    for gate in gates:  # a place kept free (by a rule for other waiters) may be this one's
+        if not waiter.future.done() and gate.inflight < gate.capacity:
+            gate._wake()
     try:
-        admitted = await waiter
+        admitted = await waiter.future
     except BaseException:
-        if waiter.done() and not waiter.cancelled():
-            waiter.result().release()  # admitted and cancelled in the same instant
+        if waiter.future.done() and not waiter.future.cancelled():
+            waiter.future.result().release()  # admitted and cancelled in the same instant
         raise
     finally:
         home._count(-1)
-        taken = waiter.result() if waiter.done() and not waiter.cancelled() else None
+        done = waiter.future.done() and not waiter.future.cancelled()
+        taken = waiter.future.result() if done else None
         for gate in gates:
             # the admitting gate popped it already (a remove there would scan its whole
             # FIFO for nothing); elsewhere it is among the oldest, near the front
             if gate is not taken:
                 gate._discard(waiter)
-    return next(i for i, g in enumerate(gates) if g is admitted)
+                if accepts is not None and gate._waiters and gate.inflight < gate.capacity:
+                    gate._wake()  # a place it kept free: the waiters behind may take it
+    return index[id(admitted)]

@@ -20,13 +20,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from gateway.core.config import GatewaySettings
 from gateway.core.numerics import ModelClasses
 from gateway.core.errors import (EngineFailed, EngineTimeout, SlotClassChanged, SlotRemoved,
                                  SlotUnavailable)
-from gateway.core.placement import Placement
+from gateway.core.placement import Placement, takes_waiter
 from gateway.core.retry import Decision, RetryConfig, RetryState
 from gateway.core.slots import SlotTable
 from gateway.core.transport import (EngineClient, EngineConnectionLost, EngineNoAnswer,
@@ -85,18 +85,14 @@ class SlotTransport:
         is not known yet is asked in the background; until then its keys stay on it."""
         classes: list[str | None] = []
         load: dict[int, int] = {}
-        service: dict[int, float] = {}
         for slot in range(slots):
             if (model, slot) not in self.directory.classes:
                 self._discover(model, slot)
             classes.append(self.directory.known_class(model, slot))
             gate = self._gates.get((model, slot))
             load[slot] = gate.inflight + gate.waiting if gate is not None else 0
-            times = self._answer_times.get((model, slot))
-            if times is not None and self.settings.load_weight == "answer_time":
-                service[slot] = times.seconds()  # only when placement weighs by it
         view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load,
-                        service)
+                        self._service_s(model, range(slots)))
         groups = view.classes.groups
         if len(groups) > 1 and self._logged_classes.get(model) != groups:
             self._logged_classes[model] = groups
@@ -106,6 +102,14 @@ class SlotTransport:
                            f": slots outside {view.classes.majority} are drained"
                            if self.settings.class_policy == "strict" else "")
         return view
+
+    def _service_s(self, model: str, slots: Iterable[int]) -> dict[int, float]:
+        """Each slot's seconds per answer, where placement weighs loads by it
+        (``load_weight: answer_time``); empty otherwise (every request counts as one)."""
+        if self.settings.load_weight != "answer_time":
+            return {}
+        return {s: times.seconds() for s in slots
+                if (times := self._answer_times.get((model, s))) is not None}
 
     def _discover(self, model: str, slot: int) -> None:
         key = (model, slot)
@@ -184,7 +188,14 @@ class SlotTransport:
                 members.append((slot, self.gate(info)))
         if len(members) < 2:
             return None, placement.candidates
-        chosen, gate = members[await acquire_first([g for _, g in members])]
+        gates = [g for _, g in members]
+        slots = [s for s, _ in members]
+
+        def accepts(i: int) -> bool:  # placement's weighed rule, on the loads of now
+            return takes_waiter(slots[i], {s: g.inflight for s, g in members},
+                                sum(g.queued for g in gates), self._service_s(model, slots))
+
+        chosen, gate = members[await acquire_first(gates, accepts)]
         if chosen == placement.first:
             return gate, placement.candidates
         rest = [s for s, _ in placement.candidates if s != chosen]

@@ -213,3 +213,109 @@ async def test_a_place_the_class_queue_took_is_given_back_when_the_slot_cannot_a
     await first
     assert gate1.inflight == 0 and gate1.waiting == 0
     assert t._gates[("m", 0)].inflight == 0
+
+
+async def test_a_gate_the_rule_refuses_keeps_its_place_free_and_its_own_waiters_get_it():
+    """``accepts`` says gate 1 (a slow mate) may not take the waiter: it waits for gate 0
+    (its placement's choice) though gate 1 has room; a request pinned to gate 1 still gets
+    that free place at once; and when the rule turns, a place freed there is taken."""
+    fast, slow = SlotGate(1, 10), SlotGate(2, 10)
+    await fast.acquire()
+    allow = {"slow": False}
+    waiter = asyncio.ensure_future(acquire_first([fast, slow], lambda i: allow["slow"]))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiter.done() and slow.inflight == 0 and len(slow._waiters) == 1
+    await asyncio.wait_for(slow.acquire(), 1)  # its own request is not kept waiting
+    assert slow.inflight == 1
+    allow["slow"] = True
+    slow.release()  # the rule says yes now: the freed place takes the class waiter
+    await asyncio.sleep(0)
+    assert waiter.done() and await waiter == 1 and slow.inflight == 1 and fast.inflight == 1
+
+
+async def test_refused_by_the_slow_gate_the_waiter_goes_to_the_fast_one_when_it_frees():
+    fast, slow = SlotGate(1, 10), SlotGate(4, 10)
+    await fast.acquire()
+    waiter = asyncio.ensure_future(acquire_first([fast, slow], lambda i: False))
+    await asyncio.sleep(0)
+    slow_own = await asyncio.wait_for(acquire_first([slow, fast], lambda i: False), 1)
+    assert slow_own == 0  # the placement's own choice is never refused
+    assert not waiter.done()
+    fast.release()
+    assert await waiter == 0 and fast.inflight == 1 and slow.inflight == 1
+    assert not fast._waiters and not slow._waiters
+
+
+async def test_a_plain_waiter_behind_refused_class_waiters_is_not_stranded():
+    """More refused class waiters than one wake looks at (``SCAN_LIMIT``) sit in front of a
+    request pinned to the slow gate while it has a free place: it is let in at once, and
+    the class waiters leave for the fast gate as it frees places."""
+    from gateway.transport.gate import SCAN_LIMIT
+
+    fast, slow = SlotGate(1, 100), SlotGate(1, 100)
+    await fast.acquire()
+    waiters = [asyncio.ensure_future(acquire_first([fast, slow], lambda i: False))
+               for _ in range(SCAN_LIMIT + 4)]
+    await asyncio.sleep(0)
+    pinned = asyncio.ensure_future(slow.acquire())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    if not pinned.done():  # past the scan: each class waiter that leaves rescans the gate
+        for _ in range(len(waiters)):
+            fast.release()
+            await asyncio.sleep(0)
+    await asyncio.wait_for(pinned, 1)
+    assert slow.inflight == 1
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+
+
+@pytest.mark.parametrize("load_weight", ["answer_time", "count"])
+async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_the_fast_one(
+        load_weight: str):
+    """Slot 0 answers 100x slower than slot 1 (as measured), slot 1's place is taken and a
+    request placed on slot 1 arrives: weighed by answer times it waits for slot 1 (one
+    answer time there beats 100 here); counted by requests (the negative control, the
+    class queue as it was) it takes slot 0's free place at once."""
+    from gateway.transport.answer_times import AnswerTimes
+
+    t, release = _stalled_and_free(load_weight=load_weight)
+    release.set()
+    await _describe(t)
+    for slot, seconds in ((0, 1.0), (1, 0.01)):
+        t._answer_times[("m", slot)] = times = AnswerTimes(t.clock)
+        times.mean_s = seconds
+    gate0, gate1 = (t.gate(t.directory.cached("m", s)) for s in (0, 1))
+    await gate1.acquire()
+    home1 = Placement(((1, 0.0), (0, 120.0)), home=1, numerics_class="A", within_class=True)
+    task = asyncio.ensure_future(t.post("m", home1, "/classify", b"{}", 30))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    if load_weight == "count":
+        assert task.done() and task.result().slot == 0 and task.result().reason == "load"
+        gate1.release()
+        return
+    assert not task.done() and gate0.inflight == 0 and gate1.waiting + gate0.waiting == 1
+    # counted where it will be answered: the slow slot still looks idle, so its own keys
+    # go to it (an idle slot takes its own keys), as they should
+    assert t.slot_view("m", 2).load == {0: 0, 1: 2}
+    gate1.release()
+    reply = await asyncio.wait_for(task, 5)
+    assert reply.slot == 1 and reply.reason is None
+    assert (gate0.inflight, gate1.inflight, gate0.waiting, gate1.waiting) == (0, 0, 0, 0)
+
+
+async def test_a_waiter_is_counted_in_its_first_gates_room_while_that_has_space():
+    a, b = await two_full_gates(3)
+    waiters = [asyncio.ensure_future(acquire_first([b, a])) for _ in range(4)]
+    await asyncio.sleep(0)
+    # b's room (the placement's choice) while it has space, then the emptiest (before:
+    # always the emptiest, which spread them 2 / 2 and showed a refusing mate as busy)
+    assert (a.waiting, b.waiting) == (1, 3)
+    assert [w.done() for w in waiters] == [False] * 4
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert (a.waiting, b.waiting) == (0, 0)

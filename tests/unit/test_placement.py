@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gateway.core.hashing import slot_for_key, slot_ranking
 from gateway.core.numerics import ModelClasses, class_id
-from gateway.core.placement import bounded_choice, place, place_in_class
+from gateway.core.placement import bounded_choice, place, place_in_class, takes_waiter
 
 KW = dict(failover="wait", slot_wait_s=120.0, failover_after_s=5.0, load_bound=1.25)
 
@@ -136,3 +136,29 @@ def test_equal_answer_times_are_plain_bounded_load(key, loads, seconds):
     assert bounded_choice(members, load, 1.25, same) == bounded_choice(members, load, 1.25)
     unmeasured = {s: 0.0 for s in members}
     assert bounded_choice(members, load, 1.25, unmeasured) == bounded_choice(members, load, 1.25)
+
+
+def test_a_slow_mate_keeps_its_free_place_until_the_fast_mates_queue_is_as_deep_as_it_is_slow():
+    """Class queue rule (shortest expected delay): slot 0 answers 10x slower than slot 1,
+    which holds 4 requests. A waiter is worth 1 answer time on slot 0 only when slot 1
+    would need 10 of its own for it: with 5 waiting, 4 in flight and 1 for the waiter."""
+    slow = {0: 0.1, 1: 0.01}
+    assert not takes_waiter(0, {0: 0, 1: 4}, 1, slow)
+    assert not takes_waiter(0, {0: 0, 1: 4}, 4, slow)
+    assert takes_waiter(0, {0: 0, 1: 4}, 5, slow)
+    assert not takes_waiter(0, {0: 1, 1: 4}, 5, slow)  # its second place: 20 > 10
+    assert takes_waiter(1, {0: 0, 1: 3}, 0, slow)  # the fast mate always takes one
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=6), st.integers(0, 50),
+       st.data())
+def test_counted_by_requests_a_free_place_always_takes_a_class_waiter(inflight, queued, data):
+    """``load_weight: count`` (no answer times) or equal times: the rule never keeps a free
+    place from a waiter whose mates are at least as full (what the class queue did before)."""
+    loads = dict(enumerate(inflight))
+    slot = data.draw(st.sampled_from(sorted(loads)))
+    if any(loads[s] < loads[slot] for s in loads):
+        return  # a mate with fewer in flight would have taken the waiter already
+    assert takes_waiter(slot, loads, queued)
+    assert takes_waiter(slot, loads, queued, {s: 0.5 for s in loads})
