@@ -275,19 +275,24 @@ async def test_a_plain_waiter_behind_refused_class_waiters_is_not_stranded():
 @pytest.mark.parametrize("load_weight", ["answer_time", "count"])
 async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_the_fast_one(
         load_weight: str):
-    """Slot 0 answers 100x slower than slot 1 (as measured), slot 1's place is taken and a
-    request placed on slot 1 arrives: weighed by answer times it waits for slot 1 (one
-    answer time there beats 100 here); counted by requests (the negative control, the
-    class queue as it was) it takes slot 0's free place at once."""
+    """Slot 0 answers 100x slower than slot 1 (as measured) and holds one request; slot
+    1's two places are taken and a request placed on slot 1 arrives: weighed by answer
+    times it waits for slot 1 (a few answer times there beat 200 here); counted by
+    requests (the negative control, the class queue as it was) it takes slot 0's free
+    second place at once."""
     from gateway.transport.answer_times import AnswerTimes
 
     t, release = _stalled_and_free(load_weight=load_weight)
     release.set()
+    for h in t.directory.handles["m"]:
+        h.info["max_inflight"] = 2
     await _describe(t)
     for slot, seconds in ((0, 1.0), (1, 0.01)):
         t._answer_times[("m", slot)] = times = AnswerTimes(t.clock)
         times.mean_s = seconds
     gate0, gate1 = (t.gate(t.directory.cached("m", s)) for s in (0, 1))
+    await gate0.acquire()
+    await gate1.acquire()
     await gate1.acquire()
     home1 = Placement(((1, 0.0), (0, 120.0)), home=1, numerics_class="A", within_class=True)
     task = asyncio.ensure_future(t.post("m", home1, "/classify", b"{}", 30))
@@ -295,16 +300,14 @@ async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_
         await asyncio.sleep(0)
     if load_weight == "count":
         assert task.done() and task.result().slot == 0 and task.result().reason == "load"
-        gate1.release()
         return
-    assert not task.done() and gate0.inflight == 0 and gate1.waiting + gate0.waiting == 1
-    # counted where it will be answered: the slow slot still looks idle, so its own keys
-    # go to it (an idle slot takes its own keys), as they should
-    assert t.slot_view("m", 2).load == {0: 0, 1: 2}
+    assert not task.done() and gate0.inflight == 1 and gate1.waiting + gate0.waiting == 1
+    # counted where it will be answered, not in the slow slot's room
+    assert t.slot_view("m", 2).load == {0: 1, 1: 3}
     gate1.release()
     reply = await asyncio.wait_for(task, 5)
     assert reply.slot == 1 and reply.reason is None
-    assert (gate0.inflight, gate1.inflight, gate0.waiting, gate1.waiting) == (0, 0, 0, 0)
+    assert (gate0.inflight, gate1.inflight, gate0.waiting, gate1.waiting) == (1, 1, 0, 0)
 
 
 async def test_a_waiter_is_counted_in_its_first_gates_room_while_that_has_space():

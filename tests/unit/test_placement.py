@@ -140,14 +140,16 @@ def test_equal_answer_times_are_plain_bounded_load(key, loads, seconds):
 
 def test_a_slow_mate_keeps_its_free_place_until_the_fast_mates_queue_is_as_deep_as_it_is_slow():
     """Class queue rule (shortest expected delay): slot 0 answers 10x slower than slot 1,
-    which holds 4 requests. A waiter is worth 1 answer time on slot 0 only when slot 1
-    would need 10 of its own for it: with 5 waiting, 4 in flight and 1 for the waiter."""
+    which holds 4 requests. With one request in it, a waiter is worth 2 answer times on
+    slot 0 (20 of slot 1's) only when slot 1 would need 20 of its own for it: 15 waiting,
+    4 in flight and 1 for the waiter. Idle, slot 0 takes one at once."""
     slow = {0: 0.1, 1: 0.01}
-    assert not takes_waiter(0, {0: 0, 1: 4}, 1, slow)
-    assert not takes_waiter(0, {0: 0, 1: 4}, 4, slow)
-    assert takes_waiter(0, {0: 0, 1: 4}, 5, slow)
-    assert not takes_waiter(0, {0: 1, 1: 4}, 5, slow)  # its second place: 20 > 10
-    assert takes_waiter(1, {0: 0, 1: 3}, 0, slow)  # the fast mate always takes one
+    assert takes_waiter(0, {0: 0, 1: 4}, 0, slow)  # idle: its answers add to the rate
+    assert not takes_waiter(0, {0: 1, 1: 4}, 1, slow)
+    assert not takes_waiter(0, {0: 1, 1: 4}, 14, slow)
+    assert takes_waiter(0, {0: 1, 1: 4}, 15, slow)
+    assert not takes_waiter(0, {0: 2, 1: 4}, 15, slow)  # its third place: 30 > 20
+    assert takes_waiter(1, {0: 1, 1: 3}, 0, slow)  # the fast mate always takes one
 
 
 @settings(max_examples=300, deadline=None)
