@@ -243,10 +243,13 @@ class GatewaySettings(BaseModel):
     load_bound: float = Field(default=1.25, ge=1.0)
     #: What bounded load weighs a class mate's requests by: ``count`` (in flight + queued,
     #: each 1) or ``answer_time`` (each request as many as the slot's round trip is longer
-    #: than its fastest mate's: a throttled engine shows before its queue builds). The
-    #: default stays ``count`` until a benchmark shows ``answer_time`` faster on real
-    #: engines: in its first slow-slot run it was not (benchmarks/README.md).
-    load_weight: Literal["count", "answer_time"] = "count"
+    #: than its fastest mate's: a throttled engine shows before its queue builds; the
+    #: class queue weighs by it too, ``placement.takes_waiter``). ``answer_time`` is the
+    #: default since the slow-slot benchmark's full runs of 2026-12-02 (second session):
+    #: class placement over the least-loaded proxy at c = 1/8/32/128 was DisRM
+    #: 1.73/0.87/0.95/1.34 and GRM 2.25/1.66/2.42/3.27 with it, against DisRM
+    #: 1.78/0.82/0.84/1.00 and GRM 2.30/0.88/2.47/4.12 with ``count`` (benchmarks/README.md).
+    load_weight: Literal["count", "answer_time"] = "answer_time"
     #: ``placement: class``: a request whose chosen slot has no room (its engine holds as
     #: many as its mode lets in) waits at every class mate's gate at once and goes to the
     #: first that frees a place, instead of queueing behind one slot (a stalled engine's
