@@ -195,7 +195,10 @@ class SlotTransport:
             return takes_waiter(slots[i], {s: g.inflight for s, g in members},
                                 sum(g.queued for g in gates), self._service_s(model, slots))
 
-        chosen, gate = members[await acquire_first(gates, accepts)]
+        # Counted by requests the rule always lets a free place take a waiter (a property
+        # test): nothing to ask on the hot path then.
+        weighed = self.settings.load_weight == "answer_time"
+        chosen, gate = members[await acquire_first(gates, accepts if weighed else None)]
         if chosen == placement.first:
             return gate, placement.candidates
         rest = [s for s, _ in placement.candidates if s != chosen]
