@@ -57,3 +57,36 @@ def cpu_ms_per_request(before: dict[int, tuple[str, float]], after: dict[int, tu
     for pid, (part, seconds) in after.items():
         total[part] += seconds - before.get(pid, (part, 0.0))[1]
     return {k: round(1000 * v / max(requests, 1), 2) for k, v in total.items()}
+
+
+def host_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole host so far, from ``/proc/stat``: whether the
+    host itself is saturated during a window (busy cores = Δbusy / Δtotal × cores), which
+    no per-process account shows (other tenants' work, kernel threads, softirqs)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def host_cores_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Cores busy on average between two :func:`host_jiffies` readings."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    return round((os.cpu_count() or 1) * busy / max(total, 1), 2)
+
+
+def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process group (an engine launcher leads its
+    engine's group: launcher, API server, EngineCore): which engine spent the CPU."""
+    out = dict.fromkeys(pgids, 0.0)
+    by_pgid = {v: k for k, v in pgids.items()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        name = by_pgid.get(int(fields[2]))
+        if name is not None:
+            out[name] += (int(fields[11]) + int(fields[12])) / TICKS
+    return out

@@ -71,6 +71,23 @@ def engine_launcher_pid(port: int | str) -> int:
     raise LookupError(port)
 
 
+def ray_worker_niceness(default: int = 15) -> int:
+    """The niceness Ray gave its workers on this host (``RAY_worker_niceness``; rmgate's
+    HAProxy, ingress and slot replicas and so the engines they start all run at it), read
+    from a running Serve replica. A baseline started by hand runs at 0, and on a saturated
+    host the kernel gives a nice-0 process ~28x the CPU weight of a nice-15 one: a
+    comparison of placement policies must run the baseline at the same niceness."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"ServeReplica:" not in (entry / "cmdline").read_bytes():
+                    continue
+                return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            except (OSError, IndexError, ValueError):
+                continue
+    return default
+
+
 def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
     """Processes still carrying ``marker`` after up to ``timeout_s``: engine launchers end
     their groups within ~10 s of their replica's death, so a shutdown is not instant."""

@@ -168,13 +168,19 @@ def engine_rss_mib(port: str) -> float:
     return round(total / 2**20, 1)
 
 
-def start_proxy(backends: list[str], logdir: Path) -> tuple[subprocess.Popen, str]:
+def start_proxy(backends: list[str], logdir: Path,
+                niceness: int = 0) -> tuple[subprocess.Popen, str]:
+    """The least-loaded baseline proxy over ``backends``, at ``niceness`` (Ray starts every
+    worker, so rmgate's HAProxy, ingress and engines, at ``RAY_worker_niceness``, 15 by
+    default: on a saturated host a proxy left at 0 gets ~28x their CPU weight, see
+    :func:`benchmarks.harness.ray_worker_niceness`)."""
     port = free_port()
     with open(logdir / f"proxy-{port}.log", "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.baselines.least_loaded",
                                  "--backends", ",".join(backends), "--port", str(port)],
                                 cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
         try:

