@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import random
@@ -377,10 +378,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--load-weight", choices=("count", "answer_time"), default="count",
                     help="the class ingress's gateway.load_weight")
-    ap.add_argument("--slow-by", choices=("throttle", "duty"), default=None,
+    ap.add_argument("--slow-by", choices=("throttle", "duty", "none"), default=None,
                     help="throttle: the slow slot's engines in a CPU cgroup capped at "
                          "--cpu-share of a core (default where the host allows it); "
-                         "duty: SIGSTOP/SIGCONT duty cycle")
+                         "duty: SIGSTOP/SIGCONT duty cycle; none: no slot slowed (the "
+                         "anchor: what the paths give on this host with equal slots)")
     ap.add_argument("--cpu-share", type=float, default=0.2)
     ap.add_argument("--stopped-ms", type=float, default=90,
                     help="duty: the slow slot's engines are stopped this long ...")
@@ -416,6 +418,7 @@ def main() -> None:
         classes = model_classes(url)
         slow_by = args.slow_by or ("throttle" if can_throttle() else "duty")
         how = (cpu_throttled(slow, args.cpu_share) if slow_by == "throttle"
+               else contextlib.nullcontext() if slow_by == "none"
                else duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000))
         with how:
             report = asyncio.run(measure(
@@ -429,7 +432,8 @@ def main() -> None:
                   serialize_inflight=args.serialize_inflight,
                   date=time.strftime("%Y-%m-%d"),
                   slow_slot=(f"slot 0 of every model, CPU-capped at {args.cpu_share:g} of a core"
-                             if slow_by == "throttle" else
+                             if slow_by == "throttle" else "no slot slowed" if slow_by == "none"
+                             else
                              f"slot 0 of every model, stopped {args.stopped_ms:g} ms of every "
                              f"{args.stopped_ms + args.running_ms:g} ms"))
     (args.out / "slow_slot.json").write_text(json.dumps(report, indent=2))
