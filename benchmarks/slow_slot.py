@@ -16,11 +16,14 @@ pinned`` (a key only on its own slot, the behaviour before numerics classes), an
 
 1. Throughput, one variable at a time (the placement policy; the engines are the same
    ``auto`` slots for every path): (a) the engines directly, client-side round robin;
-   (b) the least-loaded proxy (``benchmarks/baselines/least_loaded.py``); (c) rmgate,
-   class placement; (d) rmgate, pinned; (e) rmgate, class placement without the class
-   queue. DisRM and GRM at concurrency 1, 8, 32, 128; paths interleaved, ``--rounds``
-   rounds, medians; ratios c/b, d/b, e/b; CPU per request of the client, the gateway and
-   the least-loaded proxy (on 2 cores whatever costs most per request can be the limit).
+   (b) the least-loaded proxy (``benchmarks/baselines/least_loaded.py``), at the niceness
+   Ray gives rmgate's own processes (15); (c) rmgate, class placement; (d) rmgate, pinned;
+   (e) rmgate, class placement without the class queue; (f) the least-loaded proxy at
+   nice 0 (as started by hand). DisRM and GRM at concurrency 1, 8, 32, 128; paths
+   interleaved, ``--rounds`` rounds, medians; ratios to (b), and c/b round by round; CPU
+   per request of the client, the gateway and the least-loaded proxy; per round the whole
+   host's busy cores and each engine's answers and CPU (on 2 cores whatever costs most
+   per request can be the limit: these say which).
 2. Determinism, all while slot 0 is slow, replays in 3 shuffled orders: through (b) over
    the ``off`` slots, 1,000 DisRM requests at concurrency 32 (what a least-loaded
    deployment serves); through (c), 400 DisRM + 400 GRM at concurrency 32 and at 1;
@@ -28,7 +31,10 @@ pinned`` (a key only on its own slot, the behaviour before numerics classes), an
    slot's keys (c) answered elsewhere.
 
     .venv/bin/python benchmarks/slow_slot.py [--quick] [--load-weight count|answer_time]
-        [--slow-by throttle|duty] [--cpu-share 0.05] [--out benchmarks/results/slow_slot]
+        [--slow-by throttle|duty|none] [--cpu-share 0.05] [--out benchmarks/results/slow_slot]
+        [--levels 8,32 --kinds disrm --paths bc --requests 1000 --rounds 5
+         --no-determinism --no-alone]      # one point re-measured, larger and longer
+        [--serialize-inflight N]
 """
 
 from __future__ import annotations
