@@ -74,19 +74,43 @@ def host_cores_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
     return round((os.cpu_count() or 1) * busy / max(total, 1), 2)
 
 
-def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
+def process_kind(comm: str, cmdline: str) -> str:
+    """Which process of an engine's group this is: vLLM's API server (HTTP, tokenizing),
+    its EngineCore (scheduler), its Worker (the model), or the launcher around them."""
+    if comm.startswith("VLLM::Worker"):
+        return "worker"
+    if comm.startswith("VLLM::EngineCor"):
+        return "engine_core"
+    if "api_server" in cmdline:
+        return "api_server"
+    return "launcher"
+
+
+def group_cpu_by_kind(pgids: dict[str, int]) -> dict[str, dict[str, float]]:
     """CPU seconds so far of each named process group (an engine launcher leads its
-    engine's group: launcher, API server, EngineCore): which engine spent the CPU."""
-    out = dict.fromkeys(pgids, 0.0)
+    engine's group), split by :func:`process_kind`: which engine spent the CPU, and in
+    which of its processes (an engine that answers less per CPU-second behind one path
+    than another does its extra work somewhere)."""
+    out: dict[str, dict[str, float]] = {name: {} for name in pgids}
     by_pgid = {v: k for k, v in pgids.items()}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            name = by_pgid.get(int(fields[2]))
+            if name is None:
+                continue
+            comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
             continue
-        name = by_pgid.get(int(fields[2]))
-        if name is not None:
-            out[name] += (int(fields[11]) + int(fields[12])) / TICKS
+        kind = process_kind(comm, cmd)
+        out[name][kind] = out[name].get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
     return out
+
+
+def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process group, all its processes together."""
+    return {name: sum(kinds.values()) for name, kinds in group_cpu_by_kind(pgids).items()}

@@ -143,7 +143,7 @@ async def measured(urls: list[str], calls: list, concurrency: int,
     the whole host's busy cores: whether the host, an engine or neither was the limit."""
     slots = slots or {}
     answers0 = {n: engine_answers(u) for n, (u, _) in slots.items()}
-    group0 = cpu_accounting.group_cpu_s({n: g for n, (_, g) in slots.items()})
+    group0 = cpu_accounting.group_cpu_by_kind({n: g for n, (_, g) in slots.items()})
     before, host0, t0 = cpu_accounting.snapshot(), cpu_accounting.host_jiffies(), time.process_time()
     r = await load(urls, calls, concurrency, strict=False)
     client = time.process_time() - t0
@@ -159,12 +159,17 @@ async def measured(urls: list[str], calls: list, concurrency: int,
                            "engines": cpu["engines"]}
     if slots:
         wall = answered / max(r["req_per_s"], 1e-9)
-        group1 = cpu_accounting.group_cpu_s({n: g for n, (_, g) in slots.items()})
+        group1 = cpu_accounting.group_cpu_by_kind({n: g for n, (_, g) in slots.items()})
         r["host_cores_busy"] = host
-        r["engines"] = {n: {"answers": (None if answers0[n] is None or a is None
-                                        else int(a - answers0[n])),
-                            "cores": round((group1[n] - group0[n]) / wall, 2)}
-                        for n, a in ((n, engine_answers(u)) for n, (u, _) in slots.items())}
+        r["engines"] = {}
+        for n, (u, _) in slots.items():
+            a = engine_answers(u)
+            kinds = {k: round((v - group0[n].get(k, 0.0)) / wall, 3)
+                     for k, v in group1[n].items()}
+            r["engines"][n] = {"answers": (None if answers0[n] is None or a is None
+                                           else int(a - answers0[n])),
+                               "cores": round(sum(kinds.values()), 2),
+                               "cores_by_process": kinds}
     return r
 
 
