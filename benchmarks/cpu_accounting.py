@@ -13,6 +13,19 @@ from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
 COMPONENTS = ("engines", "ingress", "http_proxy", "least_loaded_proxy", "slot_replicas", "ray")
+#: Indices into :func:`stat_fields` (``man 5 proc``, fields 5, 14, 15, 19, 24 there).
+PGRP, UTIME, STIME, NICE, RSS = 2, 11, 12, 16, 21
+
+
+def stat_fields(pid_dir: Path) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces
+    and parentheses), so ``[PGRP]`` is the process group; OSError if it is gone."""
+    return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds from :func:`stat_fields`."""
+    return (int(fields[UTIME]) + int(fields[STIME])) / TICKS
 
 
 def component(cmdline: str) -> str | None:
@@ -41,12 +54,12 @@ def snapshot() -> dict[int, tuple[str, float]]:
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(entry)
         except (OSError, IndexError):
             continue
         part = component(cmd)
         if part is not None:
-            out[int(entry.name)] = (part, (int(fields[11]) + int(fields[12])) / TICKS)
+            out[int(entry.name)] = (part, cpu_seconds(fields))
     return out
 
 
@@ -97,17 +110,16 @@ def group_cpu_by_kind(pgids: dict[str, int]) -> dict[str, dict[str, float]]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            name = by_pgid.get(int(fields[2]))
+            fields = stat_fields(entry)
+            name = by_pgid.get(int(fields[PGRP]))
             if name is None:
                 continue
-            comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
+            comm = (entry / "comm").read_text().strip()
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError, ValueError):
             continue
         kind = process_kind(comm, cmd)
-        out[name][kind] = out[name].get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+        out[name][kind] = out[name].get(kind, 0.0) + cpu_seconds(fields)
     return out
 
 

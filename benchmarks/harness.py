@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from deployments.engine.process import free_port  # noqa: E402,F401  (one helper, re-exported)
+from benchmarks import cpu_accounting  # noqa: E402
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 120) -> None:
@@ -82,7 +83,7 @@ def ray_worker_niceness(default: int = 15) -> int:
             try:
                 if b"ServeReplica:" not in (entry / "cmdline").read_bytes():
                     continue
-                return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[16])
+                return int(cpu_accounting.stat_fields(entry)[cpu_accounting.NICE])
             except (OSError, IndexError, ValueError):
                 continue
     return default
@@ -187,7 +188,7 @@ def group_pids(pgids: list[int]) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                pgid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+                pgid = int(cpu_accounting.stat_fields(entry)[cpu_accounting.PGRP])
             except (OSError, IndexError, ValueError):
                 continue
             if pgid in pgids:

@@ -160,9 +160,9 @@ def engine_rss_mib(port: str) -> float:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if leader is not None and int(stat[2]) == leader:  # pgid
-                    total += int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+                stat = cpu_accounting.stat_fields(entry)
+                if leader is not None and int(stat[cpu_accounting.PGRP]) == leader:
+                    total += int(stat[cpu_accounting.RSS]) * os.sysconf("SC_PAGE_SIZE")
             except (OSError, IndexError, ValueError):
                 continue
     return round(total / 2**20, 1)
