@@ -1,4 +1,5 @@
-"""Build the demo reward models locally, from a fixed seed, byte-identical on every run.
+"""Build the demo reward models locally, from a fixed seed, byte-identical on every run
+on one kind of CPU (``DEMO_BUILDS``).
 
 Nothing is downloaded: the tokenizer is a byte-level BPE written out by hand (the 256 byte
 symbols plus chat specials), and every weight tensor is drawn from its own
@@ -306,16 +307,37 @@ def build_demo_models(out_dir: Path | str, names: list[str] | None = None,
     return digests
 
 
-#: sha256 (``digest_dir``) of each model as built here: every build must reproduce these bytes.
-DEMO_DIGESTS = {
-    "grm": "6f383bcb1b1fd2d97edfdb517719e5986222df183210474db07e9835f9e1cefa",
-    "disrm": "89c831554f8077226500f3a15207f7b130b047d70c6bf21fe8513c1ca3100b9d",
-    "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
+#: sha256 (``digest_dir``) of each model, by the kind of CPU that built it. The untrained
+#: ``disrm-large`` is the same everywhere; the two trained models are not: their float
+#: training follows the CPU's kernels (MKL and ATen pick AVX-512 or AVX2 code that sums in
+#: another order), so each kind of CPU builds its own bytes, always the same ones. Measured:
+#: the AVX-512 Intel hosts of sessions 1-10 and the AVX2-only AMD EPYC CI host of session 11.
+#: A build must reproduce one whole set; a CPU kind not listed here fails the unit test,
+#: which prints the digests to add.
+DEMO_BUILDS: dict[str, dict[str, str]] = {
+    "x86-64 AVX-512 (Intel Xeon)": {
+        "grm": "6f383bcb1b1fd2d97edfdb517719e5986222df183210474db07e9835f9e1cefa",
+        "disrm": "89c831554f8077226500f3a15207f7b130b047d70c6bf21fe8513c1ca3100b9d",
+        "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
+    },
+    "x86-64 AVX2 (AMD EPYC)": {
+        "grm": "2750d0eb29d420804e443a2fb00c6b487dc0d2eea39399a31a2ac3d6c30f7c62",
+        "disrm": "09c5251a81c6dd844ec9a24f64872c6c0a34a5d147e638eb6e0b2a95e12bfd47",
+        "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
+    },
 }
 
 
-def demo_models_present(out_dir: Path | str) -> bool:
-    """True when every demo model is there with exactly the expected bytes."""
+def demo_build_of(out_dir: Path | str) -> str | None:
+    """Which known build (``DEMO_BUILDS`` key) the models under ``out_dir`` are, or None
+    when one is missing or its bytes match no known build."""
     out = Path(out_dir)
-    return all((out / s.name / "model.safetensors").is_file()
-               and digest_dir(out / s.name) == DEMO_DIGESTS[s.name] for s in DEMO_MODELS)
+    if not all((out / s.name / "model.safetensors").is_file() for s in DEMO_MODELS):
+        return None
+    built = {s.name: digest_dir(out / s.name) for s in DEMO_MODELS}
+    return next((kind for kind, digests in DEMO_BUILDS.items() if digests == built), None)
+
+
+def demo_models_present(out_dir: Path | str) -> bool:
+    """True when every demo model is there with exactly the bytes of one known build."""
+    return demo_build_of(out_dir) is not None

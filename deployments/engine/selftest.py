@@ -4,7 +4,7 @@ Batch invariance is a property of kernels on a given GPU, vLLM build and attenti
 not something a config can promise. So a slot that is about to batch (``batch_invariant``,
 or any batching mode with ``selftest: always``) first proves it: the probes are sent once
 as a warm-up batch (Triton kernels compile at the first request), then one at a time,
-then all at once; every answer must be bitwise equal alone and batched (the same answer
+then all at once (DisRM: one ``/classify`` list request); every answer must be bitwise equal alone and batched (the same answer
 as ``gateway.core.answers`` defines it for ``rmgate check`` and the benchmarks). If not,
 the slot restarts its engine under ``serialize`` and reports why (``/v1/models``,
 fingerprint).
@@ -87,11 +87,24 @@ def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> di
     return resp.json()
 
 
+def _split_classify(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One ``/classify`` list response as the one-input responses of its items (index 0
+    each, in input order), so a batched probe's answer compares with its answer alone."""
+    items = sorted(payload["data"], key=lambda d: d["index"])
+    return [{**payload, "data": [{**item, "index": 0}]} for item in items]
+
+
 def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
                  transport: httpx.BaseTransport | None = None,
                  headers: dict[str, str] | None = None,
                  max_model_len: int | None = None) -> SelfTestResult:
-    """Warm-up batch, every probe alone, one batch in another order; compare bitwise."""
+    """Warm-up batch, every probe alone, one batch in another order; compare bitwise.
+
+    A DisRM batch is one ``/classify`` request with every probe in its ``input`` list: the
+    engine takes them in one step for sure. (Concurrent one-input requests may not meet in
+    one step on a slow host, and then the test passes without having batched: seen on a
+    2-core AVX2 host.) A chat completion has one conversation, so GRM probes are sent
+    concurrently."""
     probes = probe_requests(kind, model, max_model_len)
     order_a, order_b = list(range(len(probes))), list(range(len(probes)))
     random.Random(1).shuffle(order_a)
@@ -100,6 +113,12 @@ def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
         with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client, \
                 ThreadPoolExecutor(max_workers=len(probes)) as pool:
             def batch(order: list[int]) -> dict[int, Answer]:
+                if kind == "discriminative":
+                    body = {**probes[0][1], "input": [probes[i][1]["input"] for i in order]}
+                    items = _split_classify(_send(client, url, "/classify", body))
+                    if len(items) != len(order):
+                        raise ValueError(f"{len(items)} answers to {len(order)} inputs")
+                    return {i: answer_of("/classify", item) for i, item in zip(order, items)}
                 futures = {i: pool.submit(_send, client, url, *probes[i]) for i in order}
                 return {i: answer_of(probes[i][0], f.result()) for i, f in futures.items()}
 

@@ -1,15 +1,26 @@
-"""The control: without the gateway's policy vLLM CPU gives other bits when batched.
+"""The control: without the gateway's policy vLLM CPU gives other bits for the same input.
 
-The wide (hidden 1024) fp32 classifier, served by plain vLLM with its defaults (batching
-on), scores one-token inputs differently alone than in a batch: alone, the rows go through
-a single-row GEMV path that reduces in another order than the batched GEMM. Through the
-gateway (``serialize``: one sequence at a time) the same scenario gives identical bits,
-and they are exactly the engine's one-at-a-time values.
+The wide (hidden 1024) fp32 classifier, served by plain vLLM with its defaults (batching and
+prefix caching on), scores the same input differently depending on what else it ran with,
+and on what it ran before. Which of the two shows depends on the CPU (measured):
+
+* AVX-512 hosts: one-token inputs alone take a single-row GEMV path that reduces in another
+  order than the batched GEMM (batch variance).
+* AVX2-only hosts (AMD EPYC, session 12): oneDNN's fp32 GEMM gives every row the same bits
+  at any batch size, so one-token inputs show nothing; but a long input (300-470 tokens)
+  seen a second time is scored from its cached prefix and 11 of 24 gave other bits than
+  the first time (prefix-cache variance).
+
+So the inputs are one-token strings and long strings the engine has not seen before each
+test. Through the gateway (``serialize``: one sequence at a time, prefix caching off) the
+same scenario gives identical bits, and they are exactly the engine's first, one-at-a-time
+values.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 import httpx
 import pytest
@@ -19,7 +30,19 @@ from tests.integration.conftest import plain_wide_disrm
 pytestmark = pytest.mark.integration
 
 # One-token inputs (printable ASCII) and a few short strings.
-INPUTS = [chr(c) for c in range(33, 97)] + ["ab", "cd", "2+2=4", "xyz"]
+SHORT = [chr(c) for c in range(33, 97)] + ["ab", "cd", "2+2=4", "xyz"]
+
+
+def _long_inputs(seed: int, n: int = 24) -> list[str]:
+    """``n`` random printable strings of 300-470 characters (byte-level tokenizer: as many
+    tokens), fitting ``max_model_len: 512``; each seed gives inputs no other test sent."""
+    rng = random.Random(seed)
+    return ["".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
+            for _ in range(n)]
+
+
+INPUTS = SHORT + _long_inputs(seed=12)
+CHECK_INPUTS = SHORT + _long_inputs(seed=13)  # fresh to the plain engine for the verifier
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +125,7 @@ def test_rmgate_check_verdicts(plain_vllm, gateway, tmp_path):
     requests_file.write_text("".join(
         _json.dumps({"path": "/classify", "body": {"model": "rm-large", "input": x,
                                                    "use_activation": False}}) + "\n"
-        for x in INPUTS))
+        for x in CHECK_INPUTS))
     good = _rmgate_check(gateway_url, requests_file)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "IDENTICAL" in good.stdout

@@ -161,9 +161,34 @@ def test_two_trl_grpo_runs_get_the_same_bits_through_rmgate(gateway, trl_python,
     assert len(set(_rewards(rec_a, "judge_reward"))) > 1
 
 
+def _one_token_batch_variance(engine_url: str) -> int:
+    """How many one-token inputs the plain engine scores differently alone than in one list:
+    what the control below needs the platform to show (TRL's completions here are a digit
+    or a few characters)."""
+    import httpx
+
+    texts = [chr(c) for c in range(33, 97)]
+    body = {"model": "rm-large", "use_activation": False}
+    with httpx.Client(timeout=300) as client:
+        alone = [client.post(engine_url + "/classify", json={**body, "input": t}).json()
+                 ["data"][0]["probs"] for t in texts]
+        listed = client.post(engine_url + "/classify", json={**body, "input": texts}).json()
+    together = [d["probs"] for d in sorted(listed["data"], key=lambda d: d["index"])]
+    return sum(a != b for a, b in zip(alone, together, strict=True))
+
+
 def test_control_the_same_runs_through_a_least_loaded_proxy_differ(gateway, trl_python,
-                                                                   least_loaded, tmp_path):
+                                                                   plain_engine, least_loaded,
+                                                                   tmp_path):
+    """Where the platform shows batch variance for short inputs (AVX-512 hosts), two TRL
+    runs whose DisRM goes through a least-loaded proxy to plain vLLM get other rewards. On a
+    host where it does not (AVX2-only: oneDNN's fp32 GEMM is row-invariant there, measured),
+    the control has nothing to show and is skipped, saying so, before the two runs."""
     url, _ = gateway
+    engine, _ = plain_engine
+    if not _one_token_batch_variance(engine.url):
+        pytest.skip("plain vLLM on this CPU scores one-token inputs with the same bits alone "
+                    "and batched: no batch variance for this control to show")
     started = time.monotonic()
     (rec_a, sum_a), (rec_b, sum_b) = _pair(
         trl_python, tmp_path, url, "--rm-url", least_loaded, "--rm-model", "rm-large",

@@ -5,15 +5,31 @@ from __future__ import annotations
 
 import json
 
-from deployments.demo.models import DEMO_DIGESTS, DEMO_MODELS
+from deployments.demo.models import DEMO_BUILDS, DEMO_MODELS, demo_build_of
 from deployments.demo.training import chat_text, disrm_text, judge_prompt, sums_split
 from deployments.engine.fingerprint import digest_dir
 
 
 def test_build_reproduces_the_checked_in_bytes(demo_models):
     """The fixture built them in this checkout (CI: from scratch); the digests were
-    checked in from another machine's build."""
-    assert {m.name: digest_dir(demo_models / m.name) for m in DEMO_MODELS} == DEMO_DIGESTS
+    checked in from earlier builds on each kind of CPU. Fails on a CPU kind not listed,
+    and says what this one built."""
+    built = {m.name: digest_dir(demo_models / m.name) for m in DEMO_MODELS}
+    assert demo_build_of(demo_models) is not None, f"no known build matches: {built}"
+
+
+def test_a_build_is_one_whole_known_set(tmp_path):
+    """Mixing models of two CPU kinds is not a known build: the check is per set, not per
+    model (a set is what one machine trains)."""
+
+    sets = list(DEMO_BUILDS.values())
+    assert len(sets) >= 2 and all(set(s) == {m.name for m in DEMO_MODELS} for s in sets)
+    assert sets[0]["disrm-large"] == sets[1]["disrm-large"]  # untrained: the same bytes
+    assert demo_build_of(tmp_path) is None  # nothing there
+    for m in DEMO_MODELS:
+        (tmp_path / m.name).mkdir()
+        (tmp_path / m.name / "model.safetensors").write_bytes(b"not these bytes")
+    assert demo_build_of(tmp_path) is None
 
 
 def test_large_variant_is_wide_enough(demo_models):

@@ -29,10 +29,15 @@ class Engine:
         with self.lock:
             overlapped = self.inflight > 1
             self.inflight -= 1
-        text = body.get("input") or body["messages"][0]["content"]
-        score = len(text) / 7 + (1e-7 if self.batch_variant and overlapped else 0.0)
         if request.url.path == "/classify":
-            return httpx.Response(200, json={"data": [{"index": 0, "probs": [score]}]})
+            texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            batched = overlapped or len(texts) > 1
+            return httpx.Response(200, json={"data": [
+                {"index": j, "probs": [len(t) / 7 + (1e-7 if self.batch_variant and batched
+                                                     else 0.0)]}
+                for j, t in reversed(list(enumerate(texts)))]})  # any order: `index` says
+        text = body["messages"][0]["content"]
+        score = len(text) / 7 + (1e-7 if self.batch_variant and overlapped else 0.0)
         return httpx.Response(200, json={"choices": [{"message": {"content": "Score: 1"},
                                                       "logprobs": {"content": [score]}}]})
 
@@ -70,6 +75,28 @@ def test_a_batch_that_changes_only_token_ids_or_finish_reason_fails():
         bad = run_selftest("http://engine", "generative", "m",
                            transport=httpx.MockTransport(engine))
         assert not bad.passed and "differ alone vs batched" in bad.reason, field
+
+
+def test_a_disrm_batch_is_one_list_request_answered_item_by_item():
+    """The DisRM probes meet in one engine step for sure: one ``/classify`` request whose
+    ``input`` is every probe; each item's answer is compared with that probe alone."""
+    seen: list[object] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        texts = json.loads(request.content)["input"]
+        seen.append(texts)
+        batch = texts if isinstance(texts, list) else [texts]
+        return httpx.Response(200, json={"data": [{"index": j, "probs": [float(len(t))]}
+                                                  for j, t in enumerate(batch)]})
+
+    ok = run_selftest("http://engine", "discriminative", "m", transport=httpx.MockTransport(engine))
+    assert ok.passed and ok.identical == ok.total == len(PROBE_TEXTS)
+    lists = [s for s in seen if isinstance(s, list)]
+    assert len(lists) == 2 and all(sorted(s) == sorted(PROBE_TEXTS) for s in lists)
+    assert lists[0] != lists[1]  # warm-up and batch in two orders
+    short = run_selftest("http://engine", "discriminative", "m", transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, json={"data": [{"index": 0, "probs": [1.0]}]})))
+    assert not short.passed and "probe failed" in short.reason
 
 
 def test_engine_errors_fail_the_test_with_a_reason():
