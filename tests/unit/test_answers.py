@@ -265,7 +265,12 @@ def test_the_selftest_uses_it(monkeypatch):
     monkeypatch.setattr(selftest, "answer_of", spy)
 
     def engine(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={**classify(), "id": str(id(request))})
+        """A /classify engine: one item per input, a one-input list or a bare string."""
+        inputs = json.loads(request.content)["input"]
+        n = len(inputs) if isinstance(inputs, list) else 1
+        item = classify()["data"][0]
+        return httpx.Response(200, json={**classify(), "id": str(id(request)),
+                                         "data": [{**item, "index": i} for i in range(n)]})
 
     result = selftest.run_selftest("http://e", "discriminative", "m",
                                    transport=httpx.MockTransport(engine))
