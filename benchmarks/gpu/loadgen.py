@@ -52,6 +52,7 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
     answers: dict[int, str] = {}
     lat: list[float] = []
     errors: list[str] = []
+    slots: dict[str, int] = {}  # rmgate's x-rmgate-slot per answered request
     tokens = 0
     first = last = None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -71,6 +72,7 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
                     async with session.post(url, data=body, headers=headers) as r:
                         raw = await r.read()
                         status = r.status
+                        slot = r.headers.get("x-rmgate-slot", "-")
                 except Exception as exc:  # noqa: BLE001 - counted, reported
                     errors.append(f"{url}: {type(exc).__name__}: {exc}"[:300])
                     continue
@@ -80,6 +82,7 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
                     errors.append(f"{url}: {status} {raw[:200]!r}")
                     continue
                 lat.append(done - t)
+                slots[slot] = slots.get(slot, 0) + 1
                 payload = json.loads(raw)
                 try:
                     answers[i] = digest(path, payload)
@@ -94,7 +97,7 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
         cpu = time.process_time() - cpu0
     return {"answers": answers, "lat": lat, "errors": errors, "tokens": tokens,
-            "first": first, "last": last, "cpu_s": cpu}
+            "first": first, "last": last, "cpu_s": cpu, "slots": slots}
 
 
 def _worker_main(conn) -> None:  # runs in each load-generator process
@@ -162,8 +165,11 @@ def merge(parts: list[dict[str, Any]], requested: int, concurrency: int, procs: 
     answers: dict[int, str] = {}
     lat: list[float] = []
     errors: list[str] = []
+    slots: dict[str, int] = {}
     for p in parts:
         answers.update(p["answers"])
+        for slot, n in p.get("slots", {}).items():
+            slots[slot] = slots.get(slot, 0) + n
         lat += p["lat"]
         errors += p["errors"]
     firsts = [p["first"] for p in parts if p["first"] is not None]
@@ -182,6 +188,7 @@ def merge(parts: list[dict[str, Any]], requested: int, concurrency: int, procs: 
         "p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
         "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
         "loadgen_cpu_ms_per_req": round(1000 * cpu / max(ok, 1), 3),
+        "slots": dict(sorted(slots.items())),
         "answers": answers,
     }
 
