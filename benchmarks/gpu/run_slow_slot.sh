@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The slow-slot benchmark (benchmarks/slow_slot.py --gpu) as one device call, after the staging
-# of ../shared/gpu/README.md: one kind per call (a call may run 10 minutes), the report, the
+# of ../shared/gpu/README.md and with .gpu-stage/extra carried (benchmarks/gpu/README.md, step 2:
+# the wheels vLLM's OpenAI server imports beyond that staging): one kind per call (a call may run 10 minutes), the report, the
 # plot, the log and the tail of rmgate's serve log copied to $OUT.
 #
 #   bash benchmarks/gpu/run_slow_slot.sh disrm --requests 1000 --c1-requests 100 --rounds 3
@@ -9,7 +10,8 @@ set -uo pipefail
 kind=$1
 shift
 . /tmp/gpu-env.sh
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+bash benchmarks/gpu/device_setup.sh || exit 1
+. /tmp/rmgate-env.sh
 out=/tmp/slow_slot_$kind
 dest=${OUT:-/tmp}
 timeout "${SLOW_SLOT_TIMEOUT_S:-540}" python3 benchmarks/slow_slot.py --gpu --kinds "$kind" \
