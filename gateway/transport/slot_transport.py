@@ -169,6 +169,15 @@ class SlotTransport:
                 if n == len(candidates) - 1:
                     raise
                 continue
+            except EngineFailed as exc:
+                # An engine that keeps answering 5xx is as gone as an unreachable one (one
+                # shutting down with its node answers "cannot schedule new futures after
+                # shutdown"): a class mate gives the same bits, so it takes the request.
+                # Outside a class the 502 stands: another slot could change the answer.
+                if not placement.within_class or n == len(candidates) - 1:
+                    raise
+                logger.warning("%s; a class mate takes the request", exc)
+                continue
             if slot != placement.home and not placement.within_class:
                 metrics.FAILOVERS.labels(model, str(placement.home), str(slot)).inc()
             return dataclasses.replace(reply, reason=reason) if n == 0 and reason else reply

@@ -244,6 +244,30 @@ async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
     assert t.directory.cached("m", 0) is None
 
 
+async def test_an_engine_that_keeps_answering_5xx_hands_its_keys_to_its_class_mate():
+    """An engine shutting down with its node answers 500 ("cannot schedule new futures
+    after shutdown") for a while: within a class the request goes to the class mate at once
+    (same bits; the placement gives a class member no wait), never a 502; a placement
+    outside a class (``wait``) still retries and answers 502."""
+    from gateway.core.placement import place_in_class
+
+    t, clock = transport(hosts=("broken", "alive1"))
+    for h in t.directory.handles["m"]:
+        h.info["numerics"] = {"class_id": "A"}
+    for slot in (0, 1):
+        await t.describe("m", slot, 5)
+    view = t.slot_view("m", 2)
+    key = next(k for k in range(10_000) if slot_for_key(k, 2) == 0)
+    placement = place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
+                               failover_after_s=5, load_bound=1.25)
+    assert placement.within_class and placement.first == 0
+    reply = await t.post("m", placement, "/classify", b"{}", 30)
+    assert reply.slot == 1 and b"alive1" in reply.body and clock.slept == []
+    with pytest.raises(EngineFailed):  # the negative control: no class, no hand-over
+        await t.post("m", only(0), "/classify", b"{}", 30)
+    assert clock.slept == [0.5, 0.5]
+
+
 async def test_slot_view_reports_load_from_the_gates():
     t, _ = transport(hosts=("a", "b"))
 
