@@ -220,12 +220,10 @@ def test_slot_ranking_is_a_deterministic_permutation_starting_at_the_own_slot():
     assert len({slot_ranking(k, 4)[1] for k in range(1000)}) == 4
 
 
-async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
-    """Within a numerics class a dead slot is left at once (no wait, no sleep), and the
-    class mate's answer is not a cross-class failover."""
+async def _slot0_key_in_one_class(t: SlotTransport) -> Placement:
+    """Both slots of ``t`` in class A; the class placement of a key whose slot is 0."""
     from gateway.core.placement import place_in_class
 
-    t, clock = transport(hosts=("dead", "alive1"))
     for h in t.directory.handles["m"]:
         h.info["numerics"] = {"class_id": "A"}
     for slot in (0, 1):
@@ -233,8 +231,15 @@ async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
     view = t.slot_view("m", 2)
     assert view.classes.classes == ("A", "A")
     key = next(k for k in range(10_000) if slot_for_key(k, 2) == 0)
-    placement = place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
-                               failover_after_s=5, load_bound=1.25)
+    return place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
+                          failover_after_s=5, load_bound=1.25)
+
+
+async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
+    """Within a numerics class a dead slot is left at once (no wait, no sleep), and the
+    class mate's answer is not a cross-class failover."""
+    t, clock = transport(hosts=("dead", "alive1"))
+    placement = await _slot0_key_in_one_class(t)
     before = metrics.FAILOVERS.labels("m", "0", "1")._value.get()
     reply = await t.post("m", placement, "/classify", b"{}", 30)
     assert reply.slot == 1 and reply.numerics_class == "A" and clock.slept == []
@@ -249,17 +254,8 @@ async def test_an_engine_that_keeps_answering_5xx_hands_its_keys_to_its_class_ma
     after shutdown") for a while: within a class the request goes to the class mate at once
     (same bits; the placement gives a class member no wait), never a 502; a placement
     outside a class (``wait``) still retries and answers 502."""
-    from gateway.core.placement import place_in_class
-
     t, clock = transport(hosts=("broken", "alive1"))
-    for h in t.directory.handles["m"]:
-        h.info["numerics"] = {"class_id": "A"}
-    for slot in (0, 1):
-        await t.describe("m", slot, 5)
-    view = t.slot_view("m", 2)
-    key = next(k for k in range(10_000) if slot_for_key(k, 2) == 0)
-    placement = place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
-                               failover_after_s=5, load_bound=1.25)
+    placement = await _slot0_key_in_one_class(t)
     assert placement.within_class and placement.first == 0
     reply = await t.post("m", placement, "/classify", b"{}", 30)
     assert reply.slot == 1 and b"alive1" in reply.body and clock.slept == []
