@@ -444,18 +444,16 @@ def model_classes(url: str) -> dict[str, Any]:
 
 def build_models(out: Path, gpu: bool) -> Path:
     """The models of the run, built here, never downloaded: the demo models (CPU) or the
-    random 0.5B-shaped GPU benchmark models, each in a child process on the GPU host (its
-    CUDA context must not outlive the build: the engines need the memory)."""
-    if not gpu:
-        from deployments.demo.models import build_demo_models, demo_models_present
+    random 0.5B-shaped GPU benchmark models (``models_gpu.build_in_child``)."""
+    if gpu:
+        from benchmarks.gpu.models_gpu import build_in_child
 
-        if not demo_models_present(out):
-            build_demo_models(out)
+        print(json.dumps(build_in_child(out, sorted(set(GPU_PATHS.values())))), flush=True)
         return out
-    import subprocess
+    from deployments.demo.models import build_demo_models, demo_models_present
 
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu.models_gpu", str(out),
-                    *sorted(set(GPU_PATHS.values()))], cwd=REPO, check=True)
+    if not demo_models_present(out):
+        build_demo_models(out)
     return out
 
 

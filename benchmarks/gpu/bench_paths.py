@@ -797,11 +797,9 @@ class Bench:
         if self.fake:
             built = {n: {"path": str(work / n), "weights": "random"} for n in names}
         else:
-            res = subprocess.run([sys.executable, "-m", "benchmarks.gpu.models_gpu", str(WORK / "models"),
-                                  *names], cwd=REPO, capture_output=True, text=True)
-            if res.returncode:
-                raise RuntimeError(f"model build failed: {res.stderr[-3000:]}")
-            built = json.loads(res.stdout.strip().splitlines()[-1])
+            from benchmarks.gpu.models_gpu import build_in_child
+
+            built = build_in_child(WORK / "models", names)
         self.report["build"] = {"seconds": round(time.monotonic() - t, 1), "models": built}
         log(f"models ready in {time.monotonic() - t:.0f}s: {built}")
         cfg = serve_config(lay, built, self.ingress_replicas)

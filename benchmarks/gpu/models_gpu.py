@@ -144,6 +144,18 @@ def _numel(dims: tuple[int, ...]) -> int:
     return n
 
 
+def build_in_child(out_dir: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """:func:`build` of ``names`` in a child process: the CUDA context the weights are drawn
+    in must not outlive the build on a GPU the engines are about to fill."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu.models_gpu", str(out_dir), *names],
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"model build failed: {res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     print(json.dumps({n: build(out, n) for n in sys.argv[2:]}))
