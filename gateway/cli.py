@@ -80,6 +80,22 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def refuse_missing_paths(config: Path, cfg: dict[str, Any]) -> None:
+    """Exit 2 with one line when a model folder (or key file) the config names is missing,
+    before Ray starts: otherwise the engine dies minutes later in a Ray traceback."""
+    from gateway.core.config import MISSING_MODEL_HINT
+    from gateway.serve.topology import missing_paths
+
+    try:
+        missing = missing_paths(cfg)
+    except ValueError:
+        return  # an invalid config: render() names what is wrong next
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        typer.echo(f"rmgate: {config}: {missing[0]}{more}: {MISSING_MODEL_HINT}", err=True)
+        raise typer.Exit(2)
+
+
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                      ready: Optional[threading.Event] = None, dashboard: bool = True,
                      proxy: Optional[str] = None, address: Optional[str] = None,
@@ -100,6 +116,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         raise typer.BadParameter(f"--{exc}") from None  # "--proxy must be one of ..."
 
     cfg = load_serve_config(config)
+    refuse_missing_paths(config, cfg)
     http = dict(cfg.get("http_options") or {})
     host = host or http.get("host", "127.0.0.1")
     port = port or int(http.get("port", 8000))

@@ -1,6 +1,12 @@
 """``rmgate check``: replay requests against a live gateway and prove (or refute) that the
 answers are bitwise identical across orders, concurrency levels and deployments.
 
+What is compared is what the product promises: the answer's bits (``gateway.core.answers``:
+scores, text, logprobs), the seed the request was given (``x-rmgate-seed``) and the numerics
+class that answered (``x-rmgate-class``, where both sides name one). The slot is not
+compared: under ``placement: class`` any slot of the key's class may answer, with the same
+bits; the slots used are shown for information.
+
 Imports no Ray and no vLLM: it runs anywhere the client runs.
 """
 
@@ -89,6 +95,14 @@ class Result:
     slot: str | None
     seed: str | None
     key: str | None
+    numerics_class: str | None = None
+
+    def differs_from(self, ref: "Result") -> bool:
+        """Other bits, another seed, or another numerics class (when both name one)."""
+        if self.essence != ref.essence or self.seed != ref.seed:
+            return True
+        return bool(self.numerics_class and ref.numerics_class
+                    and self.numerics_class != ref.numerics_class)
 
 
 async def replay(url: str, calls: list[Call], order: list[int], concurrency: int,
@@ -107,7 +121,8 @@ async def replay(url: str, calls: list[Call], order: list[int], concurrency: int
             except ValueError:
                 ess = r.text
             results[i] = Result(r.status_code, ess, r.headers.get("x-rmgate-slot"),
-                                r.headers.get("x-rmgate-seed"), r.headers.get("x-rmgate-key"))
+                                r.headers.get("x-rmgate-seed"), r.headers.get("x-rmgate-key"),
+                                r.headers.get("x-rmgate-class"))
             if progress is not None:
                 progress.update(1)
         await asyncio.gather(*(one(i) for i in order))
@@ -150,26 +165,37 @@ class RunVerdict:
     failed: int
     max_abs_diff: float
     slots: list[str] = field(default_factory=list)
+    #: How many of the differing answers differ only in the numerics class that answered.
+    other_class: int = 0
+    classes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.differing == 0 and self.failed == 0
 
 
+def _split(values: Any) -> list[str]:
+    return sorted({s for v in values if v for s in v.split(",")})
+
+
 def compare(label: str, reference: dict[int, Result], run: dict[int, Result]) -> RunVerdict:
-    identical = differing = failed = 0
+    """Count identical, differing and failed answers of ``run`` against ``reference``."""
+    identical = differing = failed = other_class = 0
     worst = 0.0
     for i, ref in reference.items():
         got = run[i]
         if got.status != 200 or ref.status != 200:
             failed += 1
-        elif got.essence == ref.essence and got.slot == ref.slot:
+        elif not got.differs_from(ref):
             identical += 1
         else:
             differing += 1
+            if got.essence == ref.essence and got.seed == ref.seed:
+                other_class += 1
             worst = max(worst, max_abs_diff(ref.essence, got.essence))
-    slots = sorted({s for r in run.values() if r.slot for s in r.slot.split(",")})
-    return RunVerdict(label, len(reference), identical, differing, failed, worst, slots)
+    return RunVerdict(label, len(reference), identical, differing, failed, worst,
+                      _split(r.slot for r in run.values()), other_class,
+                      _split(r.numerics_class for r in run.values()))
 
 
 async def served_models(url: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -218,13 +244,16 @@ async def check(url: str, calls: list[Call], concurrencies: list[int], repeats: 
 
 
 def format_table(verdicts: list[RunVerdict]) -> str:
+    """The verdict table; ``slots used`` and ``classes`` are information, not differences."""
     head = f"{'run':<22}{'requests':>9}{'identical':>10}{'differing':>10}{'failed':>8}" \
-           f"{'max |diff|':>12}  slots"
+           f"{'max |diff|':>12}{'other class':>13}  slots used  classes"
     lines = [head, "-" * len(head)]
     for v in verdicts:
         lines.append(f"{v.label:<22}{v.requests:>9}{v.identical:>10}{v.differing:>10}"
-                     f"{v.failed:>8}{v.max_abs_diff:>12.3g}  {','.join(v.slots)}")
+                     f"{v.failed:>8}{v.max_abs_diff:>12.3g}{v.other_class:>13}  "
+                     f"{','.join(v.slots) or '-':<10}  {','.join(v.classes) or '-'}")
     ok = all(v.ok for v in verdicts)
-    lines.append("VERDICT: " + ("IDENTICAL — every response matched bitwise" if ok else
+    lines.append("VERDICT: " + ("IDENTICAL — every answer matched bitwise (scores, text, "
+                                "logprobs, seed, numerics class)" if ok else
                                 "DIFFERENT — see the differing/failed columns"))
     return "\n".join(lines)

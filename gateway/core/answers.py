@@ -37,7 +37,8 @@ Compared, per endpoint (``path`` without query string or trailing slash):
     left out: they are routing provenance, not the answer (key and seed are functions of
     the request; ``rmgate check`` compares slots from the ``x-rmgate-slot`` header).
 ``/get_reward`` (OpenRLHF)
-    ``rewards``, ``scores`` and ``extra_logs.parsed``; not ``extra_logs.slot`` (routing).
+    ``rewards``, ``scores`` and all of ``extra_logs`` (OpenRLHF logs it as training
+    metrics, so it holds only request-determined values; the slot is not among them).
 any other path
     the whole body less the top-level fields below (stricter, never weaker).
 
@@ -159,8 +160,8 @@ def _get_reward(payload: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("not an answer: no `rewards` list")
     out = _pick(payload, ("rewards", "scores"))
     extra = payload.get("extra_logs")
-    if isinstance(extra, dict) and extra.get("parsed") is not None:
-        out["parsed"] = extra["parsed"]
+    if isinstance(extra, dict):
+        out["extra_logs"] = extra
     return out
 
 

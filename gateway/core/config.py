@@ -292,12 +292,33 @@ class GatewaySettings(BaseModel):
         return frozenset(k.strip() for k in keys if k.strip())
 
 
+#: What to do about a missing model folder (rmgate downloads nothing).
+MISSING_MODEL_HINT = ("build the demo models with `rmgate make-demo-models models/demo` "
+                      "(or run `rmgate demo`), or point model_path at a local model folder")
+
+
 class AppConfig(BaseModel):
     """Everything ``build_app`` takes: the ``args`` of the Serve config's application."""
 
     model_config = ConfigDict(extra="forbid")
     models: list[ModelSpec]
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    def missing_paths(self) -> list[str]:
+        """One line per file the config names that is not there: a model folder without its
+        ``config.json`` (rmgate downloads nothing: ``model_path`` is a local folder), an
+        API-key file. Checked before anything starts, so a missing model costs seconds,
+        not an engine that dies minutes later inside Ray."""
+        missing = []
+        for model in self.models:
+            folder = Path(model.model_path)
+            if not (folder / "config.json").is_file():
+                what = "does not exist" if not folder.exists() else "has no config.json"
+                missing.append(f"model {model.name!r}: model_path {folder} {what}")
+        keys = self.gateway.api_keys_file
+        if keys and not Path(os.path.expanduser(keys)).is_file():
+            missing.append(f"gateway.api_keys_file {keys} does not exist")
+        return missing
 
     @model_validator(mode="after")
     def _unique_names(self) -> "AppConfig":

@@ -170,8 +170,10 @@ class RewardScorer:
         rewards = [s for s, _ in scored]
         # The same keys in every answer, an empty shard included (OpenRLHF gathers them
         # across shards: a missing key is its KeyError): `parsed` is 1.0 where a score was
-        # read (always, for a DisRM) and 0.0 where the judge's default was used.
-        extra: dict[str, Any] = {"slot": [d["slot"] for _, d in scored],
-                                 "parsed": [float(d.get("parsed", True)) for _, d in scored]}
+        # read (always, for a DisRM) and 0.0 where the judge's default was used. Only
+        # request-determined values: OpenRLHF logs extra_logs as training metrics, so two
+        # identical runs must log the same numbers; the answering slot (free under class
+        # placement) stays in the x-rmgate-slot header and /v1/rewards details.
+        extra: dict[str, Any] = {"parsed": [float(d.get("parsed", True)) for _, d in scored]}
         body = {"rewards": rewards, "scores": rewards, "extra_logs": extra}
         return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward")

@@ -17,7 +17,7 @@ from ray.serve import Application
 
 from deployments.engine.arg_names import check_engine_args
 from deployments.slot.replica import SlotReplica
-from gateway.core.config import AppConfig
+from gateway.core.config import MISSING_MODEL_HINT, AppConfig
 from gateway.core.errors import InvalidSlotCounts
 from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
@@ -103,6 +103,9 @@ def build_app(args: dict[str, Any]) -> Application:
     Engine argument names are checked against vLLM's own list here, before any slot starts
     (``serve run CONFIG`` comes through here; ``rmgate serve`` checks in ``render``)."""
     cfg = AppConfig.model_validate(args)
+    missing = cfg.missing_paths()
+    if missing:
+        raise ValueError("; ".join(missing) + f"; {MISSING_MODEL_HINT}")
     for spec in cfg.models:
         check_engine_args(spec)
     handles = {

@@ -38,6 +38,14 @@ SLOT_IMPORTS = frozenset({SLOT_IMPORT, "deployments.replica:build_slot"})
 SLOT_PREFIX_ARG = "slot_app_prefix"
 
 
+def missing_paths(serve_config: dict[str, Any]) -> list[str]:
+    """The files the config's rmgate applications name that are not there (model folders,
+    key files), resolved as ``render`` resolves them: relative to the current directory."""
+    return [line for application in serve_config["applications"]
+            if application.get("import_path") in COMPACT_IMPORTS
+            for line in AppConfig.model_validate(application.get("args") or {}).missing_paths()]
+
+
 def slot_app_name(model: str, slot: int, prefix: str = "") -> str:
     """``<model>-<slot>``; with several gateways in one config, ``<gateway>-<model>-<slot>``."""
     return f"{prefix}{model}-{slot}"

@@ -34,8 +34,12 @@ def test_a_cluster_that_cannot_be_joined_is_a_usage_error(tmp_path: Path, monkey
     for name in ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_ENABLE_DIRECT_INGRESS",
                  "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
         monkeypatch.setenv(name, "0")  # the CLI sets them; restored after the test
+    (tmp_path / "disrm").mkdir()
+    (tmp_path / "disrm" / "config.json").write_text("{}")
+    compact = yaml.safe_load(yaml.safe_dump(COMPACT))
+    compact["applications"][0]["args"]["models"][0]["model_path"] = str(tmp_path / "disrm")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(COMPACT))
+    cfg.write_text(yaml.safe_dump(compact))
     result = CliRunner().invoke(app, ["serve", str(cfg), "--address", address,
                                       "--proxy", "serve"])
     assert result.exit_code == 2, result.output

@@ -92,11 +92,11 @@ async def test_get_reward_openrlhf_shape_and_empty_batch(setup):
                                               "labels": [None, "x"]})
     out = r.json()
     assert r.status_code == 200 and len(out["rewards"]) == 2 and out["scores"] == out["rewards"]
-    assert set(out["extra_logs"]) >= {"slot"}
+    assert set(out["extra_logs"]) == {"parsed"}  # request-determined only: no slot
     empty = await client.post("/get_reward", json={"query": [], "prompts": [], "labels": []})
     assert empty.status_code == 200
     # every key a client reads, an empty shard included (OpenRLHF: KeyError 'parsed')
-    assert empty.json() == {"rewards": [], "scores": [], "extra_logs": {"slot": [], "parsed": []}}
+    assert empty.json() == {"rewards": [], "scores": [], "extra_logs": {"parsed": []}}
     bad = await client.post("/get_reward", json={"query": ["a"], "prompts": []})
     assert bad.status_code == 422
 
@@ -139,9 +139,9 @@ async def test_get_reward_judge_sees_plain_prompt_and_response_with_any_label():
         assert r.status_code == 200, r.text
         assert transport.sent[-1][3]["messages"][0]["content"] == \
             'Is 3+4=7 right? ref={"answer": 7}'
-        assert set(r.json()["extra_logs"]) == {"slot", "parsed"}
+        assert set(r.json()["extra_logs"]) == {"parsed"}
         empty = await c.post("/get_reward", json={"query": []})
-        assert empty.json()["extra_logs"] == {"slot": [], "parsed": []}
+        assert empty.json()["extra_logs"] == {"parsed": []}
 
 
 async def test_get_reward_disrm_adds_no_special_tokens_and_truncates(setup):

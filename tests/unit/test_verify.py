@@ -9,8 +9,8 @@ from gateway.client.check import (Result, compare, essence, format_table, genera
                                   load_calls, max_abs_diff)
 
 
-def r(ess, status=200, slot="0"):
-    return Result(status, ess, slot, None, None)
+def r(ess, status=200, slot="0", seed=None, cls=None):
+    return Result(status, ess, slot, seed, None, cls)
 
 
 def test_compare_counts_identical_differing_failed():
@@ -23,8 +23,21 @@ def test_compare_counts_identical_differing_failed():
     assert "IDENTICAL" in format_table([compare("y", ref, ref)])
 
 
-def test_same_value_on_another_slot_counts_as_differing():
-    assert compare("x", {0: r([1.0], slot="0")}, {0: r([1.0], slot="1")}).differing == 1
+def test_same_bits_from_another_slot_of_the_class_are_identical():
+    """Class placement may move a key to a class mate: the slot is information only."""
+    v = compare("x", {0: r([1.0], slot="0", cls="c1")}, {0: r([1.0], slot="1", cls="c1")})
+    assert (v.identical, v.differing) == (1, 0) and v.ok and v.slots == ["1"]
+    assert "IDENTICAL" in format_table([v])
+
+
+def test_another_numerics_class_or_seed_counts_as_differing_even_with_equal_bits():
+    other_class = compare("x", {0: r([1.0], cls="c1")}, {0: r([1.0], cls="c2")})
+    assert other_class.differing == 1 and other_class.other_class == 1 and not other_class.ok
+    assert "DIFFERENT" in format_table([other_class])
+    assert compare("x", {0: r([1.0], seed="7")}, {0: r([1.0], seed="8")}).differing == 1
+    # a side that names no class (plain vLLM, an old gateway) is compared on the bits alone
+    assert compare("x", {0: r([1.0], cls="c1")}, {0: r([1.0])}).ok
+    assert compare("x", {0: r([1.0], cls="c1")}, {0: r([2.0])}).differing == 1
 
 
 def test_max_abs_diff_over_nested_values():
