@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
@@ -19,7 +19,7 @@ from gateway.core.config import ModelSpec
 from gateway.core.errors import InvalidSchema, RmgateError
 from gateway.core.keys import canonical_json
 from gateway.core.requests import parse_json_object, validate
-from gateway.core.results import GatewayResult
+from gateway.core.results import GatewayResult, Route
 from gateway.core.scoring import judge_prompt
 from gateway.core.service import RewardGateway
 
@@ -72,6 +72,19 @@ def _route_detail(result: GatewayResult) -> dict[str, Any]:
     return detail
 
 
+class Scored(NamedTuple):
+    """One item's reward, its details, and the engine routes that produced it (for the
+    response's ``x-rmgate-slot`` / ``x-rmgate-class`` headers)."""
+
+    reward: float
+    detail: dict[str, Any]
+    routes: tuple[Route, ...]
+
+
+def _routes(scored: list[Scored]) -> tuple[Route, ...]:
+    return tuple(route for item in scored for route in item.routes)
+
+
 class RewardScorer:
     """Turns (prompt, response, label) items into rewards with the configured models."""
 
@@ -93,7 +106,7 @@ class RewardScorer:
             raise err.for_item(index)
 
     async def _score_disrm(self, spec: ModelSpec, index: int, *, messages: list[dict[str, Any]] | None,
-                           text: str | None) -> tuple[float, dict[str, Any]]:
+                           text: str | None) -> Scored:
         body: dict[str, Any] = {"model": spec.name, "use_activation": False}
         if messages is not None:
             body["messages"] = messages
@@ -106,10 +119,11 @@ class RewardScorer:
                         truncation_side=self.gateway.config.gateway.get_reward_truncation_side)
         result = await self._call("/classify", body, index)
         score = float(json.loads(result.body)["data"][-1]["probs"][-1])
-        return score, {"index": index, **_route_detail(result), "raw_score": score}
+        return Scored(score, {"index": index, **_route_detail(result), "raw_score": score},
+                      result.routes)
 
     async def _score_grm(self, spec: ModelSpec, index: int, prompt: str, response: str,
-                         label: str | None) -> tuple[float, dict[str, Any]]:
+                         label: str | None) -> Scored:
         content = judge_prompt(spec.scorer, prompt, response, label)
         body = {"model": spec.name, "messages": [{"role": "user", "content": content}]}
         result = await self._call("/v1/chat/completions", body, index)
@@ -119,9 +133,10 @@ class RewardScorer:
                   "parsed": parsed is not None}
         if parsed is None:
             detail["error"] = f"no score found by parser '{spec.scorer.parser}'; default used"
-        return (parsed if parsed is not None else spec.scorer.default), detail
+        return Scored(parsed if parsed is not None else spec.scorer.default, detail,
+                      result.routes)
 
-    async def _score_item(self, spec: ModelSpec, index: int, item: RewardItem) -> tuple[float, dict]:
+    async def _score_item(self, spec: ModelSpec, index: int, item: RewardItem) -> Scored:
         if item.prompt is None and item.messages is None:
             raise InvalidSchema(f"items[{index}]: one of `prompt` or `messages` is required",
                                 param="items")
@@ -139,12 +154,12 @@ class RewardScorer:
     async def rewards(self, raw: bytes) -> GatewayResult:
         req = validate(RewardsRequest, parse_json_object(raw))
         spec = self.reward_model(req.model)
-        scored = await asyncio.gather(*(self._score_item(spec, i, it)
-                                        for i, it in enumerate(req.items)))
-        body = {"model": spec.name, "rewards": [s for s, _ in scored],
-                "details": [d for _, d in scored]}
+        scored = list(await asyncio.gather(*(self._score_item(spec, i, it)
+                                             for i, it in enumerate(req.items))))
+        body = {"model": spec.name, "rewards": [s.reward for s in scored],
+                "details": [s.detail for s in scored]}
         return GatewayResult(model=spec.name, body=json.dumps(body, ensure_ascii=False).encode(),
-                             endpoint="/v1/rewards")
+                             endpoint="/v1/rewards", routes=_routes(scored))
 
     async def get_reward(self, raw: bytes) -> GatewayResult:
         req = validate(GetRewardRequest, parse_json_object(raw))
@@ -154,7 +169,7 @@ class RewardScorer:
         if len(prompts) != n or len(labels) != n:
             raise InvalidSchema(f"query, prompts and labels must have one entry each "
                                 f"(got {n}, {len(prompts)}, {len(labels)})")
-        scored: list[tuple[float, dict]] = []
+        scored: list[Scored] = []
         model = ""
         if n:
             spec = self.reward_model(None)
@@ -167,13 +182,14 @@ class RewardScorer:
                                         _label_text(lab))
                         for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
             scored = list(await asyncio.gather(*jobs))
-        rewards = [s for s, _ in scored]
+        rewards = [s.reward for s in scored]
         # The same keys in every answer, an empty shard included (OpenRLHF gathers them
         # across shards: a missing key is its KeyError): `parsed` is 1.0 where a score was
         # read (always, for a DisRM) and 0.0 where the judge's default was used. Only
         # request-determined values: OpenRLHF logs extra_logs as training metrics, so two
         # identical runs must log the same numbers; the answering slot (free under class
         # placement) stays in the x-rmgate-slot header and /v1/rewards details.
-        extra: dict[str, Any] = {"parsed": [float(d.get("parsed", True)) for _, d in scored]}
+        extra: dict[str, Any] = {"parsed": [float(s.detail.get("parsed", True)) for s in scored]}
         body = {"rewards": rewards, "scores": rewards, "extra_logs": extra}
-        return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward")
+        return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward",
+                             routes=_routes(scored))

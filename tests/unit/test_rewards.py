@@ -101,6 +101,21 @@ async def test_get_reward_openrlhf_shape_and_empty_batch(setup):
     assert bad.status_code == 422
 
 
+async def test_get_reward_names_each_items_slot_in_the_header_not_the_body(setup):
+    """OpenRLHF logs extra_logs as training metrics: the answering slot (free under class
+    placement) is routing, so it goes in the x-rmgate-slot header, one per item."""
+    client, _ = setup
+    queries = [f"{i}+{i}={2 * i}" for i in range(8)]
+    r = await client.post("/get_reward", json={"query": queries})
+    assert r.status_code == 200, r.text
+    slots = r.headers["x-rmgate-slot"].split(",")
+    assert len(slots) == 8 and set(slots) == {"0", "1"}  # the batch spread over both slots  # the batch is spread over both slots
+    assert "slot" not in r.text
+    items = [{"prompt": q, "response": "x"} for q in queries]
+    rewards = await client.post("/v1/rewards", json={"items": items})
+    assert len(rewards.headers["x-rmgate-slot"].split(",")) == 8
+
+
 async def test_model_path_is_accepted_as_model_name(setup):
     """verl's built-in loop sends the reward model's path as `model`."""
     client, _ = setup
