@@ -6,7 +6,7 @@ one-item /classify requests, interleaved in rounds, to: (a) the vLLM server of t
 slot itself, (b) rmgate, direct transport, (c) rmgate, handle transport. Prints p50/p99
 per path and the added latency and ratios against (a), and writes JSON.
 
-    .venv/bin/python benchmarks/hops.py [--requests 200] [--out benchmarks/results/hops.json]
+    .venv/bin/python -m benchmarks.hops [--requests 200] [--out benchmarks/results/hops.json]
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from deployments.engine.process import free_port
+from gateway.harness.processes import stop_process_group
+from gateway.harness.running import wait_until_serving
 
-from benchmarks.harness import free_port, stop_process_group, wait_until_serving  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _percentile(xs: list[float], q: float) -> float:

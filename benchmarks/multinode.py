@@ -1,7 +1,7 @@
 """Two Ray nodes on this machine: what spreading a model's slots over nodes costs, and how
 long a lost node's keys take to be answered again.
 
-One cluster (``benchmarks.ray_cluster``: a head ``nodeA`` and a worker ``nodeB``, both on
+One cluster (``gateway.harness.cluster``: a head ``nodeA`` and a worker ``nodeB``, both on
 127.0.0.1), one ``rmgate serve --address`` with two gateways (one config, two
 applications, the demo DisRM, ``engine_host: node``, ``placement: class``, ingresses on the
 head), the one variable being where the second slot runs:
@@ -20,7 +20,7 @@ head), the one variable being where the second slot runs:
    its engine is killed with the node), the time from the loss to the first answer of a
    slot-1 key by slot 0, and the worst latency of a request in flight across the loss.
 
-    .venv/bin/python benchmarks/multinode.py [--quick] [--out benchmarks/results/multinode]
+    .venv/bin/python -m benchmarks.multinode [--quick] [--out benchmarks/results/multinode]
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,12 +37,11 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.side_by_side import answer, load
+from deployments.engine.args import SECRET_ENV
+from gateway.harness.cluster import Node, local_cluster, rmgate_on_cluster
 
-from benchmarks.ray_cluster import Node, local_cluster, rmgate_on_cluster  # noqa: E402
-from benchmarks.side_by_side import answer, load  # noqa: E402
-from deployments.engine.args import SECRET_ENV  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def gateway_app(name: str, route: str, models: Path, where: list[str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ does not depend on how many replicas serve it). Two variants, one gateway each, 
 run: the slots' engines on cores of their own (``cpu_cores_per_slot: 1``) and vLLM's auto
 binding (every engine of the host bound to the same cores).
 
-    .venv/bin/python benchmarks/replica_throughput.py [--quick] [--out DIR]
+    .venv/bin/python -m benchmarks.replica_throughput [--quick] [--out DIR]
 
 ``--quick``: the tiny DisRM, own cores only, 1 → 2 slots, 96 requests (about 2 minutes).
 """
@@ -21,18 +21,16 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.side_by_side import ENGINE, load, rm_call
+from gateway.harness.running import dashboard_address, running_gateway
 
-from benchmarks.harness import dashboard_address, running_gateway  # noqa: E402
-from benchmarks.side_by_side import ENGINE, load, rm_call  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 #: (name, cpu_cores_per_slot): the slots' engines pinned to cores of their own (rmgate's

@@ -3,21 +3,19 @@
 Pure computation over request-shaped keys (crc32 of canonical bodies), no engine: shows
 why routing uses consistent hashing. Writes JSON and a PNG plot.
 
-    .venv/bin/python benchmarks/scaling_hash.py [--keys 100000] [--max-slots 16] [--quick]
+    .venv/bin/python -m benchmarks.scaling_hash [--keys 100000] [--max-slots 16] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from gateway.core.hashing import slot_for_key
+from gateway.core.keys import request_key
 
-from gateway.core.hashing import slot_for_key  # noqa: E402
-from gateway.core.keys import request_key  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def request_keys(n: int) -> list[int]:

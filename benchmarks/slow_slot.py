@@ -16,7 +16,7 @@ pinned`` (a key only on its own slot, the behaviour before numerics classes), an
 
 1. Throughput, one variable at a time (the placement policy; the engines are the same
    ``auto`` slots for every path): (a) the engines directly, client-side round robin;
-   (b) the least-loaded proxy (``benchmarks/baselines/least_loaded.py``), at the niceness
+   (b) the least-loaded proxy (``gateway/harness/least_loaded.py``), at the niceness
    Ray gives rmgate's own processes (15); (c) rmgate, class placement; (d) rmgate, pinned;
    (e) rmgate, class placement without the class queue; (f) the least-loaded proxy at
    nice 0 (as started by hand). DisRM and GRM at concurrency 1, 8, 32, 128; paths
@@ -30,7 +30,7 @@ pinned`` (a key only on its own slot, the behaviour before numerics classes), an
    differing answers counted against each path's first run, and how many of the slow
    slot's keys (c) answered elsewhere.
 
-    .venv/bin/python benchmarks/slow_slot.py [--quick] [--load-weight count|answer_time]
+    .venv/bin/python -m benchmarks.slow_slot [--quick] [--load-weight count|answer_time]
         [--slow-by throttle|duty|none] [--cpu-share 0.05] [--out benchmarks/results/slow_slot]
         [--levels 8,32 --kinds disrm --paths bc --requests 1000 --rounds 5
          --no-determinism --no-alone]      # one point re-measured, larger and longer
@@ -56,16 +56,16 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.side_by_side import engine_urls, load
+from gateway.core.hashing import slot_for_key
+from gateway.harness import cpu_accounting
+from gateway.harness.least_loaded import start_proxy
+from gateway.harness.processes import engine_launcher_pid, stop_process_group
+from gateway.harness.running import running_gateway
+from gateway.harness.slowdowns import can_throttle, cpu_throttled, duty_cycled, ray_worker_niceness
+from gateway.serve.topology import render
 
-from benchmarks.harness import (can_throttle, cpu_throttled, duty_cycled,  # noqa: E402
-                                engine_launcher_pid, ray_worker_niceness,
-                                running_gateway, stop_process_group)
-from benchmarks import cpu_accounting  # noqa: E402
-from benchmarks.side_by_side import engine_urls, load, start_proxy  # noqa: E402
-from gateway.core.hashing import slot_for_key  # noqa: E402
-from gateway.serve.topology import render  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 #: Six engines fit this 24 GB host; eight (a GRM ``off`` pair too) ran it out of memory.
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,

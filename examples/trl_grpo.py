@@ -58,12 +58,6 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, TextIO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-try:  # the trl overlay venv does not run .venv's editable-install hook: fall back to the checkout
-    import gateway  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO))
-
 from deployments.demo.policy import build_policy, policy_digest, policy_prompt  # noqa: E402
 from gateway.client import RewardClient  # noqa: E402
 

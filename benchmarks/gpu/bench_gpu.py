@@ -17,7 +17,7 @@ start-up self-test), ``<kind>-off`` (vLLM defaults: batching, no invariance) and
 
 Prints a table and writes JSON (and a PNG when matplotlib is there).
 
-    python benchmarks/gpu/bench_gpu.py --out DIR [--quick] [--device cpu]
+    python -m benchmarks.gpu.bench_gpu --out DIR [--quick] [--device cpu]
 
 ``--device cpu`` is a dry run of the same flow on the CPU demo models (auto resolves to
 serialize there): it checks the script, not the GPU.
@@ -38,12 +38,11 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from benchmarks.gpu.bench_paths import grm_body  # noqa: F401  (one workload definition)
+from gateway.core.answers import answer_of
+from gateway.harness.running import running_gateway
 
-from benchmarks.gpu.bench_paths import grm_body  # noqa: E402,F401  (one workload definition)
-from benchmarks.harness import running_gateway  # noqa: E402
-from gateway.core.answers import answer_of  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 MODES = ("auto", "off", "serial")
 

@@ -10,7 +10,7 @@ same engines are then reached several ways, interleaved in rounds:
 ``engine_off``         the ``off`` engine(s) (vLLM defaults), directly
 ``rmgate_off``         the same through rmgate
 ``least_loaded_off``   the ``off`` engines behind the least-loaded FastAPI + httpx proxy
-                       (``benchmarks/baselines/least_loaded.py``: what trainers run today)
+                       (``gateway/harness/least_loaded.py``: what trainers run today)
 ``rmgate_serial``      ``determinism: serialize`` through rmgate (verl's policy for DisRMs)
 ``offline_auto``       offline ``vllm.LLM`` (``LLM.classify`` / ``LLM.chat``), batch-invariant,
                        same settings, one call over the same requests (``offline_anchor.py``)
@@ -21,13 +21,13 @@ client and Serve's Python proxy on the same path (what the ~10x of the old run w
 per layout, slot counts, ingress replicas and a GRM + DisRM sharing the GPU under load.
 
 The load generator runs in several processes (``loadgen.py``) and reports its own CPU per
-request; gateway CPU per request comes from /proc (``benchmarks/cpu_accounting.py``), GPU
+request; gateway CPU per request comes from /proc (``gateway/harness/cpu_accounting.py``), GPU
 utilisation from NVML sampled every 100 ms. Output is flat and small: ``OUT/<layout>.json``
 (saved after every phase) and ``OUT/<layout>-log.txt`` (log tails); engine logs stay
 under /tmp on the device.
 
-    python benchmarks/gpu/bench_paths.py --layout core-0.5b --out $OUT --deadline-s 500
-    python benchmarks/gpu/bench_paths.py --layout core-0.5b --out /tmp/x --fake   # CPU dry run
+    python -m benchmarks.gpu.bench_paths --layout core-0.5b --out $OUT --deadline-s 500
+    python -m benchmarks.gpu.bench_paths --layout core-0.5b --out /tmp/x --fake   # CPU dry run
 """
 
 from __future__ import annotations
@@ -49,14 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import yaml
+
+from benchmarks.gpu.loadgen import LoadGen, legacy_httpx
+from gateway.harness import cpu_accounting
+
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import yaml  # noqa: E402
-
-from benchmarks import cpu_accounting  # noqa: E402
-from benchmarks.gpu.loadgen import LoadGen, legacy_httpx  # noqa: E402
 
 GIB = 1 << 30
 WORK = Path(os.environ.get("RMGATE_BENCH_WORK", "/tmp/rmgate-bench"))
@@ -348,7 +346,7 @@ def memory_gib(layout: Layout) -> float:
 
 
 def _kill_marked(marker: str) -> list[int]:
-    from benchmarks.harness import processes_with_env
+    from gateway.harness.processes import processes_with_env
 
     pids = processes_with_env(marker)
     for pid in pids:
@@ -364,7 +362,9 @@ def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int) -> I
     """``rmgate serve CONFIG`` in its own process group: yields (url, engine log dir, serve log).
     Always stopped: SIGINT, 20 s, then SIGKILL to the group and to everything carrying the
     marker (Ray's workers and the engines, which live in process groups of their own)."""
-    from benchmarks.harness import free_port, stop_process_group, wait_until_serving
+    from deployments.engine.process import free_port
+    from gateway.harness.processes import stop_process_group
+    from gateway.harness.running import wait_until_serving
 
     port = free_port()
     engines, slog = work / "engines", work / "serve.log"
@@ -698,7 +698,7 @@ class Bench:
                 log(f"standalone {spec['name']} c={c}: {r['req_per_s']} req/s, gpu {r.get('gpu_util_pct')}%")
 
     def start_standalone(self, built: dict[str, dict[str, Any]], work: Path) -> None:
-        from benchmarks.harness import free_port
+        from deployments.engine.process import free_port
 
         grm, rm = SIZES[self.layout.size]
         for spec in self.layout.standalone:
@@ -726,7 +726,7 @@ class Bench:
             self.standalone.append((spec, proc, f"http://127.0.0.1:{port}"))
 
     def phase_ingress(self, replicas: int) -> None:
-        from benchmarks.harness import dashboard_address
+        from gateway.harness.running import dashboard_address
         from gateway.serve import topology
         from gateway.serve.admin import ServeAdmin
 
@@ -745,7 +745,7 @@ class Bench:
         log(f"ingress -> {replicas} replicas in {time.monotonic() - t:.0f}s")
 
     def phase_scale(self, model: str, slots: int) -> None:
-        from benchmarks.harness import dashboard_address
+        from gateway.harness.running import dashboard_address
         from gateway.serve.admin import ServeAdmin
 
         t = time.monotonic()
@@ -785,8 +785,8 @@ class Bench:
         return procs
 
     def run(self) -> None:
-        from benchmarks.harness import free_port
-        from benchmarks.side_by_side import start_proxy
+        from deployments.engine.process import free_port
+        from gateway.harness.least_loaded import start_proxy
 
         lay = self.layout
         work = WORK / self.name
@@ -906,7 +906,7 @@ def fake_gateway(layout: Layout) -> Iterator[tuple[str, Path, Path]]:
 
     from aiohttp import web
 
-    from benchmarks.harness import free_port
+    from deployments.engine.process import free_port
 
     work = WORK / "fake"
     engines = work / "engines"

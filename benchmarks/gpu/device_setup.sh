@@ -42,7 +42,7 @@ echo "export PYTHONPATH=\"$PWD:\${PYTHONPATH:+\$PYTHONPATH:}$EXTRA\"" > /tmp/rmg
 if ! python -c "import vllm.entrypoints.openai.api_server, gateway.cli, aiohttp, pynvml, benchmarks.gpu.bench_paths" 2>/tmp/rmgate-import.err; then
   tail -5 /tmp/rmgate-import.err
   echo "device_setup: an import failed; the missing modules:"
-  python benchmarks/gpu/find_missing.py vllm.entrypoints.openai.api_server gateway.cli benchmarks.gpu.bench_paths || true
+  python -m benchmarks.gpu.find_missing vllm.entrypoints.openai.api_server gateway.cli benchmarks.gpu.bench_paths || true
   exit 1
 fi
 python -c "from gateway.serve.proxy_mode import default_proxy; print('device_setup: rmgate deps ok; serve path:', default_proxy())"

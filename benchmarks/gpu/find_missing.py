@@ -1,6 +1,6 @@
 """Name the top-level modules an import needs that this Python lacks (run on the device).
 
-    python benchmarks/gpu/find_missing.py [MODULE ...]   # default: vLLM's OpenAI server
+    python -m benchmarks.gpu.find_missing [MODULE ...]   # default: vLLM's OpenAI server
 
 Every missing module is replaced by a permissive stub (a package whose attributes are
 classes you can subclass, call, index, decorate with and ``|`` in annotations), so one

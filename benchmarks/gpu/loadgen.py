@@ -27,14 +27,8 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 Call = tuple[str, dict[str, Any]]
 

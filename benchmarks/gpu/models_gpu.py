@@ -22,11 +22,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from deployments.demo import models as demo  # noqa: E402
+from deployments.demo import models as demo
 
 MAX_POSITIONS = 4096
 

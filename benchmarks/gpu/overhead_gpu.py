@@ -12,27 +12,25 @@ differs), both reached four ways, interleaved in rounds: (a) the vLLM servers di
 throughput, p50/p99, ratios and CPU ms per request by component, as
 ``benchmarks/side_by_side.py`` does.
 
-    python benchmarks/gpu/overhead_gpu.py --out DIR [--device cpu] [--quick]
+    python -m benchmarks.gpu.overhead_gpu --out DIR [--device cpu] [--quick]
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu.bench_gpu import (build_models, grm_body, parse_args, rm_body,  # noqa: E402
-                                      serve_config)
-from benchmarks.harness import free_port, running_gateway, stop_process_group  # noqa: E402
-from benchmarks.side_by_side import engine_urls, ratios, start_proxy, sweep  # noqa: E402
+from benchmarks.gpu.bench_gpu import build_models, grm_body, parse_args, rm_body, serve_config
+from benchmarks.side_by_side import engine_urls, ratios, sweep
+from deployments.engine.process import free_port
+from gateway.harness.least_loaded import start_proxy
+from gateway.harness.processes import stop_process_group
+from gateway.harness.running import running_gateway
 
 
 async def measure(url: str, serve_proxy_url: str, engines: Path, levels: list[int],

@@ -1,6 +1,6 @@
 """Markdown tables from bench_paths.py results (runs anywhere; reads only JSON).
 
-    python benchmarks/gpu/report.py benchmarks/gpu/results/h200-2026-12-01-core-*.json
+    python -m benchmarks.gpu.report benchmarks/gpu/results/h200-2026-12-01-core-*.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The slow-slot benchmark (benchmarks/slow_slot.py --gpu) as one device call, after the staging
+# The slow-slot benchmark (python -m benchmarks.slow_slot --gpu) as one device call, after the staging
 # of ../shared/gpu/README.md and with .gpu-stage/extra carried (benchmarks/gpu/README.md, step 2:
 # the wheels vLLM's OpenAI server imports beyond that staging): one kind per call (a call may run 10 minutes), the report, the
 # plot, the log and the tail of rmgate's serve log copied to $OUT.
@@ -14,7 +14,7 @@ bash benchmarks/gpu/device_setup.sh || exit 1
 . /tmp/rmgate-env.sh
 out=/tmp/slow_slot_$kind
 dest=${OUT:-/tmp}
-timeout "${SLOW_SLOT_TIMEOUT_S:-540}" python3 benchmarks/slow_slot.py --gpu --kinds "$kind" \
+timeout "${SLOW_SLOT_TIMEOUT_S:-540}" python3 -m benchmarks.slow_slot --gpu --kinds "$kind" \
     --load-weight answer_time --out "$out" "$@" > "$dest/slow_slot-$kind.log" 2>&1
 rc=$?
 cp "$out/slow_slot.json" "$dest/slow_slot-$kind.json" 2>/dev/null

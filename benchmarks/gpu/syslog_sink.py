@@ -1,6 +1,6 @@
 """A UDP syslog sink on 127.0.0.1:514 for HAProxy's access log (Serve's default log target),
 so a benchmark run on a bare host keeps HAProxy's per-request log:
-``python benchmarks/gpu/syslog_sink.py FILE &``."""
+``python -m benchmarks.gpu.syslog_sink FILE &``."""
 
 import socket
 import sys

@@ -17,8 +17,8 @@ A module is available when it is in the standard library, in the device image
 names) or in one of the staged wheels (their ``top_level.txt``/RECORD). What is left is
 mapped to a pip name (vLLM's Requires-Dist where it names it) and printed, one per line:
 
-    python benchmarks/gpu/wheel_list.py                 # names
-    python benchmarks/gpu/wheel_list.py --download DIR  # also: pip download them (and the
+    python -m benchmarks.gpu.wheel_list                 # names
+    python -m benchmarks.gpu.wheel_list --download DIR  # also: pip download them (and the
                                                         # dependencies they declare) to DIR
 
 ``--download`` repeats for the downloaded wheels' own Requires-Dist, so the closure is

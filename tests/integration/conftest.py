@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import (end_leftovers, free_port, processes_with_env,  # noqa: F401
-                                stop_process_group, wait_until_gone, wait_until_serving)
+from deployments.engine.process import free_port
+from gateway.harness.processes import (end_leftovers, processes_with_env,  # noqa: F401
+                                       stop_process_group, wait_until_gone)
+from gateway.harness.running import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_CONFIG = REPO / "configs" / "test-cpu.yaml"

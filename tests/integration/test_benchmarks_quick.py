@@ -28,7 +28,7 @@ bench_smoke = pytest.mark.skipif(
 
 
 def test_side_by_side_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "side_by_side.py"), "--quick",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--quick",
                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                          timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_side_by_side_quick(demo_models, tmp_path):
 
 @bench_smoke
 def test_replica_throughput_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "replica_throughput.py"),
+    out = subprocess.run([sys.executable, "-m", "benchmarks.replica_throughput",
                           "--quick", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
                          text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -63,7 +63,7 @@ def test_replica_throughput_quick(demo_models, tmp_path):
 
 @bench_smoke
 def test_hops_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "hops.py"), "--quick",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.hops", "--quick",
                           "--out", str(tmp_path / "hops.json")], cwd=REPO, capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

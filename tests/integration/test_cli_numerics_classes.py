@@ -35,10 +35,11 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import (dashboard_address, duty_cycled, engine_launcher_pid,
-                                metric_total, running_gateway)
 from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.answers import answer_of
+from gateway.harness.processes import engine_launcher_pid
+from gateway.harness.running import dashboard_address, metric_total, running_gateway
+from gateway.harness.slowdowns import duty_cycled
 from gateway.core.hashing import slot_for_key
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from gateway.client import RewardClient
 from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
                                         wait_until_serving)
-from benchmarks.harness import engine_launcher_pid
+from gateway.harness.processes import engine_launcher_pid
 from deployments.demo.training import sum_items
 
 pytestmark = pytest.mark.integration

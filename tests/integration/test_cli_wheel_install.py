@@ -43,8 +43,9 @@ import httpx
 import pytest
 
 from deployments.engine.ports import listening_table, socket_inodes  # noqa: E402
-from benchmarks.harness import (free_port, processes_with_env, stop_process_group,
-                                wait_until_gone, wait_until_serving)
+from deployments.engine.process import free_port
+from gateway.harness.processes import processes_with_env, stop_process_group, wait_until_gone
+from gateway.harness.running import wait_until_serving
 
 pytestmark = pytest.mark.integration
 

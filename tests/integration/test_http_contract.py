@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from benchmarks.harness import engine_launcher_pid
+from gateway.harness.processes import engine_launcher_pid
 from gateway.core.hashing import slot_for_key
 from gateway.core.keys import request_key
 

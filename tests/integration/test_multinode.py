@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.ray_cluster import NODE_LABEL, local_cluster, rmgate_on_cluster
+from gateway.harness.cluster import NODE_LABEL, local_cluster, rmgate_on_cluster
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration

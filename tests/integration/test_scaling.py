@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.harness import dashboard_address, metric_total
+from gateway.harness.running import dashboard_address, metric_total
 from gateway.core.hashing import slot_for_key
 from tests.integration.conftest import REPO, TEST_CONFIG
 

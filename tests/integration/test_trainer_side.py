@@ -17,7 +17,7 @@ import pytest
 from deployments.demo.training import sum_items, sums_split
 from gateway.client import RewardClient
 from gateway.client.verl import compute_score
-from benchmarks.harness import engine_launcher_pid
+from gateway.harness.processes import engine_launcher_pid
 
 pytestmark = pytest.mark.integration
 

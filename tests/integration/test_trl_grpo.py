@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import stop_process_group, wait_until_gone
+from gateway.harness.processes import stop_process_group, wait_until_gone
 from tests.integration.conftest import REPO, plain_wide_disrm
 
 pytestmark = pytest.mark.integration
@@ -82,8 +82,9 @@ def plain_engine(demo_models, tmp_path_factory, monkeypatch_module):
 
 @pytest.fixture(scope="module")
 def least_loaded(plain_engine):
-    """The least-loaded baseline proxy (benchmarks/baselines) in front of the plain engine."""
-    from benchmarks.side_by_side import start_proxy
+    """The least-loaded baseline proxy (gateway.harness.least_loaded) in front of the plain
+    engine."""
+    from gateway.harness.least_loaded import start_proxy
 
     engine, logs = plain_engine
     engine.wait_ready(600)

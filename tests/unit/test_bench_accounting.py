@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import cpu_accounting
-from benchmarks.side_by_side import start_proxy
-from benchmarks.harness import stop_process_group
+from gateway.harness import cpu_accounting
+from gateway.harness.least_loaded import start_proxy
+from gateway.harness.processes import stop_process_group
 
 
 def test_host_cores_busy_sees_a_busy_child():

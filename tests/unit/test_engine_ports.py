@@ -15,10 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from deployments.engine.ports import (PortReservation, ephemeral_range, fixed_port,  # noqa: E402
+from deployments.engine.ports import (PortReservation, ephemeral_range, fixed_port,
                                       listener_is_ours)
 
 linux_only = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs /proc/net")

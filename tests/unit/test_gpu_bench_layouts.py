@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu import bench_paths as bp  # noqa: E402
-from benchmarks.gpu import loadgen, models_gpu, wheel_list  # noqa: E402
-from gateway.core.config import AppConfig  # noqa: E402
+from benchmarks.gpu import bench_paths as bp
+from benchmarks.gpu import loadgen, models_gpu, wheel_list
+from gateway.core.config import AppConfig
 
 
 def built(layout: bp.Layout) -> dict:

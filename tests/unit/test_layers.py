@@ -14,6 +14,10 @@ a layer reaches one it must not. The layers, bottom to top (docs/design.md, "Lay
 * ``gateway.serve``: Serve application builders, topology, admin, proxy mode.
 * ``gateway.cli``: the command line, on top of everything.
 * ``gateway.client``: the trainer side, beside the server: only ``gateway.core`` below it.
+* ``gateway.harness``: start, watch and stop a local rmgate from a script or a test (the
+  tests and the benchmarks share it), beside the CLI: it starts ``rmgate serve`` as a
+  process, so only ``gateway.core`` and ``deployments.engine`` below it; no vLLM, no pytest.
+  Nothing on the serving path imports it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "gateway.cli": ({"gateway.core", "gateway.observability", "gateway.transport",
                      "gateway.http", "gateway.serve", "gateway.client", "deployments.engine",
                      "deployments.slot", "deployments.demo"}, set()),
+    "gateway.harness": ({"gateway.core", "deployments.engine"},
+                        {"vllm", "torch", "transformers", "typer", "pytest"}),
 }
 #: Thin aliases at public import paths: they belong to the layer they point into.
 ALIASES = {"gateway.app": "gateway.serve", "gateway.integrations": "gateway.client",

@@ -7,7 +7,7 @@ import socket
 
 import httpx
 
-from benchmarks.baselines.least_loaded import create_app
+from gateway.harness.least_loaded import create_app
 
 
 def _closed_port() -> int:

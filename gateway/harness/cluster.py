@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from benchmarks.harness import (REPO, end_leftovers, free_port, processes_with_env,
-                                stop_process_group, wait_until_serving)
+from deployments.engine.process import free_port
+from gateway.harness.processes import end_leftovers, processes_with_env, stop_process_group
+from gateway.harness.running import REPO, wait_until_serving
 
 
 #: The node label every node gets, its name: slots placed by ``label_selector`` use it.
@@ -136,7 +137,7 @@ def local_cluster(names: list[str], workdir: Path, num_cpus: int = 2,
            "PYTHONPATH": str(REPO)}
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.ray_cluster", "--workdir", str(workdir),
+            [sys.executable, "-m", "gateway.harness.cluster", "--workdir", str(workdir),
              "--num-cpus", str(num_cpus), "--address-file", str(address_file),
              *[f"{n.name}={n.marker}" for n in nodes.values()]],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -32,7 +32,7 @@ def component(cmdline: str) -> str | None:
     """Which part of the serving path a process is (by its command line / Ray's title)."""
     if "engine_launcher" in cmdline or "vllm" in cmdline.lower() or "EngineCore" in cmdline:
         return "engines"
-    if "baselines.least_loaded" in cmdline:
+    if "gateway.harness.least_loaded" in cmdline:
         return "least_loaded_proxy"
     if "ServeReplica:rmgate:" in cmdline:
         return "ingress"

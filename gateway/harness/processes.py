@@ -1,0 +1,99 @@
+"""Find the processes a local rmgate started and end them, by id.
+
+The gateway runs in its own process group with a marker in its environment, so that
+everything it starts (Ray, Serve replicas, engine launchers, vLLM) can be found and ended by
+id: SIGINT first (the CLI shuts Serve and Ray down), then SIGKILL to the group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from gateway.harness import cpu_accounting
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 120) -> None:
+    """SIGINT (clean shutdown), wait, then SIGKILL whatever is left of the group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Pids whose environment holds ``marker``: everything a gateway started inherits it."""
+    needle = marker.encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def engine_launcher_pid(port: int | str) -> int:
+    """The engine launcher (process-group leader) of the engine listening on ``port``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (b"deployments.engine.launcher" in cmd and b"--port" in cmd
+                    and cmd[cmd.index(b"--port") + 1] == str(port).encode()):
+                return int(entry.name)
+    raise LookupError(port)
+
+
+def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
+    """Processes still carrying ``marker`` after up to ``timeout_s``: engine launchers end
+    their groups within ~10 s of their replica's death, so a shutdown is not instant."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = processes_with_env(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
+def end_leftovers(marker: str, timeout_s: float = 60.0) -> list[int]:
+    """``wait_until_gone``, then SIGKILL by pid whatever still carries ``marker`` (only
+    processes this gateway started carry it): after a start-up that failed, engines
+    re-parented to init are outside the CLI's process group. Returns what was left, so the
+    caller can still fail on it."""
+    left = wait_until_gone(marker, timeout_s)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def group_pids(pgids: list[int]) -> list[int]:
+    """Every process of the given process groups (an engine: launcher, API server,
+    EngineCore, workers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                pgid = int(cpu_accounting.stat_fields(entry)[cpu_accounting.PGRP])
+            except (OSError, IndexError, ValueError):
+                continue
+            if pgid in pgids:
+                out.append(int(entry.name))
+    return out
