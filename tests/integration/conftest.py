@@ -47,6 +47,31 @@ def gateway(demo_models, tmp_path_factory):
         assert not leftovers, f"processes left after shutdown: {leftovers}"
 
 
+@pytest.fixture(scope="session")
+def plain_engine(demo_models, tmp_path_factory):
+    """(engine, log folder) of one plain vLLM engine of the wide DisRM (``determinism:
+    off``: vLLM's defaults), the negative controls' engine, shared by every control of the
+    session (batch variance, ``rmgate check``, TRL's least-loaded runs): one engine start
+    instead of one per file. Started, not awaited: it boots while other tests run; a
+    user calls ``engine.wait_ready``. Each control sends inputs of its own, never sent
+    before (prefix-cache variance needs unseen inputs)."""
+    logs = tmp_path_factory.mktemp("plain")
+    old = os.environ.get("RMGATE_LOG_DIR")
+    os.environ["RMGATE_LOG_DIR"] = str(logs)  # read by the engine launcher at start
+    try:
+        engine = plain_wide_disrm(demo_models, "plain-rm-large")
+    finally:
+        if old is None:
+            os.environ.pop("RMGATE_LOG_DIR", None)
+        else:
+            os.environ["RMGATE_LOG_DIR"] = old
+    try:
+        yield engine, logs
+    finally:
+        engine.stop()
+        assert not wait_until_gone(str(logs)), "plain engine processes left behind"
+
+
 def plain_wide_disrm(demo_models: Path, name: str):
     """A started (not yet ready) plain vLLM engine of the wide DisRM, ``determinism: off``
     (vLLM's defaults: batching), the negative controls' engine; the caller stops it."""

@@ -9,7 +9,7 @@ the judge and the DisRM with two slots each, each slot's engine on its own core
 2. with slot 0 made slow (its engine stopped 90 % of the time) the keys of slot 0 are
    answered by slot 1 under load without a single differing answer;
 3. a killed engine's keys go to its class mate at once instead of waiting for a restart;
-4. while that engine restarts (a fault in ``rm``), ``rmgate scale judge`` 2 -> 1 -> 2 works;
+4. while that engine restarts (a fault in ``rm``), ``rmgate scale judge`` 2 -> 1 works;
 5. the canary drains a slot whose weights are swapped under it (vLLM's ``/collective_rpc
    reload_weights``, a real engine feature) and re-admits it when they are put back; its
    keys keep their bits meanwhile;
@@ -237,25 +237,25 @@ def _admin(work: Path, *args: str) -> dict:
 
 def test_scaling_one_model_works_while_another_models_engine_restarts(classes_gateway):
     """The fault the issue measured: ``rmgate scale`` used to judge every application and
-    failed on another model's restarting slot. Now it judges only what it changes."""
+    failed on another model's restarting slot. Now it judges only what it changes.
+
+    rm-0 is still restarting from the previous test's kill (a restart takes ~40-50 s);
+    run alone, the test kills it itself. The judge is scaled 2 -> 1 (no engine to boot:
+    the later tests use rm only)."""
     url, engines, work = classes_gateway
-    _wait("rm-0 healthy again", lambda: _card(url, "rm")["health"] == ["healthy"] * 2)
-    os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
-    _wait("rm-0 seen failing by Serve",
-          lambda: _admin(work, "statuses").get("rm-0") != "RUNNING",
-          timeout_s=60)
+    if _admin(work, "statuses").get("rm-0") == "RUNNING":
+        os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
+        _wait("rm-0 seen failing by Serve",
+              lambda: _admin(work, "statuses").get("rm-0") != "RUNNING", timeout_s=60)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     address = dashboard_address(work / "serve.log")
-    statuses = {}
-    for n in (1, 2):
-        out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", str(n), "--address",
-                              address], cwd=REPO, capture_output=True, text=True, timeout=600,
-                             env=env)
-        statuses[n] = _admin(work, "statuses").get("rm-0")
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert _card(url, "judge")["slots"] == n
-    print(f"\nrmgate scale judge 2 -> 1 -> 2 while rm-0 restarted (rm-0 was {statuses})")
-    assert statuses[1] != "RUNNING", "the fault was over before the scale: not a test"
+    out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", "1", "--address", address],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    during = _admin(work, "statuses").get("rm-0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _card(url, "judge")["slots"] == 1
+    print(f"\nrmgate scale judge 2 -> 1 while rm-0 restarted (rm-0 was {during})")
+    assert during != "RUNNING", "the fault was over before the scale: not a test"
     body = {"model": "judge", "messages": [{"role": "user", "content": "hi"}], "seed": 3,
             "max_tokens": 4}
     assert httpx.post(url + "/v1/chat/completions", json=body, timeout=300).status_code == 200

@@ -23,6 +23,7 @@ itself is rebuilt and reinstalled (``--force-reinstall --no-deps``) on every run
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
@@ -36,6 +37,7 @@ import time
 import tomllib
 import zipfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -340,18 +342,35 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
     assert not list(empty.iterdir())
 
 
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_demo_from_an_empty_directory_builds_into_the_user_cache(venv, tmp_path):
-    from deployments.demo.models import demo_models_present
+@dataclass
+class Demo:
+    """A running ``<venv>/bin/rmgate demo`` (the shipped demo config, from the wheel)."""
 
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    url: str
+    port: int
+    proc: subprocess.Popen
+    venv: Path
+    home: Path
+    cwd: Path
+    marker: str
+    log: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def demo(venv, tmp_path_factory) -> Iterator[Demo]:
+    """``rmgate demo`` from the wheel, run from an empty directory with an empty HOME; the
+    module's tests share it. Stopped with Ctrl-C (SIGINT to its group) as a user would: it
+    must exit 0 and leave no process behind."""
+    tmp = tmp_path_factory.mktemp("demo")
+    home, cwd = tmp / "home", tmp / "cwd"
     home.mkdir()
     cwd.mkdir()
-    marker = str(tmp_path / "engines")  # every process the demo starts inherits it
+    marker = str(tmp / "engines")  # every process the demo starts inherits it
     env = clean_env(venv, HOME=str(home), RMGATE_LOG_DIR=marker)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "demo.log"
+    log = tmp / "demo.log"
     start = time.monotonic()
     with open(log, "wb") as fh:
         proc = subprocess.Popen([str(venv / "bin" / "rmgate"), "demo", "--port", str(port)],
@@ -360,29 +379,7 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(venv, tmp_path)
     try:
         wait_until_serving(url, proc, log, START_TIMEOUT_S)
         TIMINGS["demo_start_s"] = round(time.monotonic() - start, 1)
-        models = httpx.get(url + "/v1/models", timeout=30).json()
-        assert {m["id"] for m in models["data"]} >= {"judge", "rm"}, models
-
-        r = httpx.post(url + "/classify", json={"model": "rm", "input": ["2+3=5", "2+3=6"]},
-                       timeout=120)
-        assert r.status_code == 200, r.text
-        assert len(r.json()["data"]) == 2
-        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-            "model": "judge", "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Is 2+3=5 right?"}]})
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["message"]["content"] is not None
-
-        listeners = listening_sockets(processes_with_env(marker))
-        ours = gateway_ports(port, Path(marker), proc.pid)
-        problems, known = check_loopback(listeners, ours, proc.pid)
-        bound = {p for _, _, p in listeners}
-        TIMINGS["demo_pss_gib"] = round(sum(pss_bytes(pid) for pid in
-                                            processes_with_env(marker)) / 2**30, 1)
-        (tmp_path / "listeners.json").write_text(json.dumps(  # for the record
-            {"ports": {k: sorted(v) for k, v in ours.items()},
-             "listeners": [(describe(pid)[:160], addr, p) for pid, addr, p in listeners]},
-            indent=1))
+        yield Demo(url, port, proc, venv, home, cwd, marker, log, env)
     finally:
         stop_start = time.monotonic()
         stop_process_group(proc)
@@ -392,11 +389,41 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(venv, tmp_path)
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, f"rmgate demo exited with {proc.returncode}:\n{text[-3000:]}"
 
-    built = home / ".cache" / "rmgate" / "models" / "demo"
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path):
+    from deployments.demo.models import demo_models_present
+
+    url, port, marker, proc = demo.url, demo.port, demo.marker, demo.proc
+    models = httpx.get(url + "/v1/models", timeout=30).json()
+    assert {m["id"] for m in models["data"]} >= {"judge", "rm"}, models
+
+    r = httpx.post(url + "/classify", json={"model": "rm", "input": ["2+3=5", "2+3=6"]},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 2
+    r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "model": "judge", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Is 2+3=5 right?"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] is not None
+
+    listeners = listening_sockets(processes_with_env(marker))
+    ours = gateway_ports(port, Path(marker), proc.pid)
+    problems, known = check_loopback(listeners, ours, proc.pid)
+    bound = {p for _, _, p in listeners}
+    TIMINGS["demo_pss_gib"] = round(sum(pss_bytes(pid) for pid in
+                                        processes_with_env(marker)) / 2**30, 1)
+    (tmp_path / "listeners.json").write_text(json.dumps(  # for the record
+        {"ports": {k: sorted(v) for k, v in ours.items()},
+         "listeners": [(describe(pid)[:160], addr, p) for pid, addr, p in listeners]},
+        indent=1))
+    text = demo.log.read_text(errors="replace")
+    built = demo.home / ".cache" / "rmgate" / "models" / "demo"
     assert f"building demo models in {built} ..." in text, text[-3000:]
     assert demo_models_present(built)
-    assert not list(cwd.iterdir()), list(cwd.iterdir())  # nothing written where it ran
-    # Loopback only, for everything rmgate opens (checked while it served).
+    assert not list(demo.cwd.iterdir()), list(demo.cwd.iterdir())  # nothing written there
+    # Loopback only, for everything rmgate opens.
     assert port in bound and len(ours["engines"] & bound) >= 4, (
         ours, listeners)  # judge x2, rm x2
     assert ours["haproxy"] or "HTTP path: serve" in text, ours  # HAProxy's, where it runs
@@ -404,6 +431,52 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(venv, tmp_path)
     TIMINGS["known_listeners_beyond_loopback"] = len(known)
     print("\nknown listeners beyond loopback (Ray 2.60's gRPC servers and agents, HAProxy "
           "stats/metrics):\n  " + "\n  ".join(known), flush=True)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_rmgate_check_of_the_shipped_demo_says_identical(demo):
+    """The README's proof, exactly as a new user runs it: ``rmgate check URL`` with its
+    defaults against the demo as shipped (``placement: class``: a key may be answered by
+    either slot of its class). The verdict compares bits, seed and class, not the slot:
+    IDENTICAL, exit 0, with both slots used (the verifier that counted a moved key as a
+    difference said DIFFERENT here). Its negative control (a plain ``off`` engine, and
+    ``--against`` it): tests/integration/test_negative_control.py."""
+    out = subprocess.run([str(demo.venv / "bin" / "rmgate"), "check", demo.url], cwd=demo.cwd,
+                         env=demo.env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "VERDICT: IDENTICAL" in out.stdout, out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("A c=")]
+    assert len(rows) == 2 and all(row[-2] == "0,1" for row in rows), out.stdout
+    print("\n" + out.stdout, flush=True)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
+    """OpenRLHF logs ``extra_logs`` as training metrics: two identical batches must give
+    the same bytes even when class placement spreads their items over other slots (seen
+    in ``x-rmgate-slot``, one slot per item). The batch is sent several times, one batch
+    alone and two at once, until two runs were answered by different slots."""
+    queries = [f"<s>{a}+{b}={(a + b + k) % 19}</s>" for a in range(4) for b in range(4)
+               for k in (0, 1, 2)]
+    body = {"query": queries, "prompts": [q[3:7] for q in queries], "labels": [None] * 48}
+
+    async def batch(n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return list(await asyncio.gather(*(client.post(demo.url + "/get_reward", json=body)
+                                               for _ in range(n))))
+
+    answers: list[httpx.Response] = []
+    for n in (1, 2, 2, 2, 2):
+        answers += asyncio.run(batch(n))
+        if len({r.headers["x-rmgate-slot"] for r in answers}) > 1:
+            break
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers][:2]
+    slots = {r.headers["x-rmgate-slot"] for r in answers}
+    assert len(slots) > 1, "every run was answered by the same slots: not a test"
+    assert len({r.content for r in answers}) == 1  # the whole body, byte for byte
+    extra = json.loads(answers[0].content)["extra_logs"]
+    assert set(extra) == {"parsed"} and len(extra["parsed"]) == 48
+    print(f"\n/get_reward: {len(answers)} identical answers from {len(slots)} slot layouts")
 
 
 def teardown_module() -> None:

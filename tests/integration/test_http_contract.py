@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
+from deployments.demo.training import sum_items
+from gateway.client import RewardClient
 from gateway.harness.processes import engine_launcher_pid
 from gateway.core.hashing import slot_for_key
 from gateway.core.keys import request_key
@@ -94,9 +97,19 @@ def test_oversize_body_is_413(gateway):
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
-def test_dead_engine_is_restarted_and_answers_the_same(gateway):
-    """Kill slot 1's engine: the health check restarts the replica, the request for that
-    slot waits for it (it never moves to slot 0), and the answer has the same bits."""
+def _newest_port(engine_dir: Path, slot_app: str) -> int:
+    logs = sorted(engine_dir.glob(f"{slot_app}-*.log"), key=lambda p: p.stat().st_mtime)
+    assert logs, f"no engine log for {slot_app} under {engine_dir}"
+    return int(logs[-1].stem.rsplit("-", 1)[1])
+
+
+def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway):
+    """Kill two engines at once (failover ``wait``; their restarts overlap):
+
+    * judge-1: the health check restarts the replica, the request for that slot waits for
+      it (it never moves to slot 0), and the answer has the same bits;
+    * rm-0 under a 300-request ``RewardClient`` load: 0 lost, 0 changed, none duplicated,
+      same order."""
     url, _ = gateway
     body = next(b for b in ({**CHAT, "seed": s} for s in range(100))
                 if slot_for_key(request_key("/v1/chat/completions", b), 2) == 1)
@@ -105,11 +118,23 @@ def test_dead_engine_is_restarted_and_answers_the_same(gateway):
     old_fp = httpx.get(url + "/v1/models", timeout=30).json()
     engine_dir = Path(os.environ.get("RMGATE_TEST_ENGINE_LOGS", ""))
     logs = sorted(engine_dir.glob("judge-1-*.log"))
-    assert logs, f"no engine log for judge-1 under {engine_dir}"
-    port = int(logs[-1].stem.rsplit("-", 1)[1])
-    os.killpg(engine_launcher_pid(port), signal.SIGKILL)
+    items = sum_items(300, seed=9)
+    reference = RewardClient(url, model="rm", concurrency=8).score(items)
+    result: dict = {}
+
+    def load() -> None:
+        result["rewards"] = RewardClient(url, model="rm", concurrency=4, batch_size=1).score(items)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    time.sleep(1.0)
+    os.killpg(engine_launcher_pid(_newest_port(engine_dir, "rm-0")), signal.SIGKILL)
+    os.killpg(engine_launcher_pid(_newest_port(engine_dir, "judge-1")), signal.SIGKILL)
     t0 = time.monotonic()
     after = httpx.post(url + "/v1/chat/completions", json=body, timeout=400)
+    worker.join(timeout=600)
+    assert not worker.is_alive()
+    assert result["rewards"] == reference
     assert after.status_code == 200, after.text
     assert after.headers["x-rmgate-slot"] == "1"
     assert after.json()["choices"][0]["message"]["content"] == \

@@ -25,8 +25,6 @@ import random
 import httpx
 import pytest
 
-from tests.integration.conftest import plain_wide_disrm
-
 pytestmark = pytest.mark.integration
 
 # One-token inputs (printable ASCII) and a few short strings.
@@ -46,22 +44,11 @@ CHECK_INPUTS = SHORT + _long_inputs(seed=13)  # fresh to the plain engine for th
 
 
 @pytest.fixture(scope="module")
-def plain_vllm(demo_models, tmp_path_factory, monkeypatch_module):
+def plain_vllm(plain_engine):
     """Plain vLLM (determinism 'off': default max_num_seqs, batching) on the wide model."""
-    monkeypatch_module.setenv("RMGATE_LOG_DIR", str(tmp_path_factory.mktemp("plain")))
-    engine = plain_wide_disrm(demo_models, "plain-rm-large")
-    try:
-        engine.wait_ready(600)
-        yield engine.url
-    finally:
-        engine.stop()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+    engine, _ = plain_engine
+    engine.wait_ready(600)
+    return engine.url
 
 
 async def _score_each(client: httpx.AsyncClient, url: str, concurrently: bool) -> list[float]:

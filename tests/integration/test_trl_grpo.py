@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from gateway.harness.processes import stop_process_group, wait_until_gone
-from tests.integration.conftest import REPO, plain_wide_disrm
+from gateway.harness.processes import stop_process_group
+from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -54,30 +54,6 @@ def trl_python() -> str:
     python = out.stdout.strip().splitlines()[-1]
     assert Path(python).is_file(), out.stdout
     return python
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def plain_engine(demo_models, tmp_path_factory, monkeypatch_module):
-    """A plain vLLM engine of the wide DisRM (``determinism: off``: vLLM's defaults).
-
-    Started, not awaited: it boots while the rmgate runs train (the negative control waits
-    for it), which saves most of its start-up time on two cores.
-    """
-    logs = tmp_path_factory.mktemp("trl-plain")
-    monkeypatch_module.setenv("RMGATE_LOG_DIR", str(logs))
-    engine = plain_wide_disrm(demo_models, "trl-plain-rm-large")
-    try:
-        yield engine, logs
-    finally:
-        engine.stop()
-        assert not wait_until_gone(str(logs)), "plain engine processes left behind"
 
 
 @pytest.fixture(scope="module")
