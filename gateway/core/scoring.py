@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 ParserName = Literal["last_int", "last_float", "boxed", "regex", "yes_no"]
 

@@ -22,6 +22,36 @@ from gateway.harness.running import wait_until_serving
 REPO = Path(__file__).resolve().parents[2]
 TEST_CONFIG = REPO / "configs" / "test-cpu.yaml"
 START_TIMEOUT_S = 900
+#: The fixtures that need a trainer's environment (scripts/trainer_env.sh NAME).
+TRAINER_ENVS = {"verl_python": "verl", "openrlhf_pkgs": "openrlhf", "trl_python": "trl"}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Start making the trainer environments the selected tests will need, in the
+    background, while the first gateways boot: on a clean clone that is a minute of pip
+    work the trainer tests no longer wait for. scripts/trainer_env.sh holds a lock per
+    environment, so the tests' own calls wait for a build in progress, then find it made."""
+    wanted = [env for fixture, env in TRAINER_ENVS.items()
+              if any(fixture in getattr(item, "fixturenames", ()) for item in items)]
+    if not wanted or config.option.collectonly:
+        return
+    logs = REPO / ".venv-trainers"
+    logs.mkdir(exist_ok=True)
+    with open(logs / "prefetch.log", "wb") as log:
+        config.stash[PREFETCH] = subprocess.Popen(
+            ["bash", "-c", 'for n in "$@"; do bash scripts/trainer_env.sh "$n" || exit 1; done',
+             "prefetch", *wanted], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+def pytest_unconfigure(config) -> None:
+    """The background build never outlives the session."""
+    proc = config.stash.get(PREFETCH, None)
+    if proc is not None and proc.poll() is None:
+        stop_process_group(proc, grace_s=5)
+
+
+PREFETCH = pytest.StashKey[subprocess.Popen]()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def _key(item: dict) -> str:
     return json.dumps(item, sort_keys=True)
 
 
-@pytest.mark.parametrize("model,n", [("rm", 256), ("judge", 96)])
+@pytest.mark.parametrize("model,n", [("rm", 128), ("judge", 48)])
 def test_reward_client_runs_match_in_submission_order(gateway, model, n):
     url, _ = gateway
     items = sum_items(n)

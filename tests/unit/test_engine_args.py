@@ -201,8 +201,14 @@ def test_rmgate_serve_refuses_a_typo_before_ray_starts(tmp_path: Path,
     monkeypatch.setattr(ray, "init", no_ray)
     for name in ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_ENABLE_DIRECT_INGRESS"):
         monkeypatch.setenv(name, "0")  # the CLI sets them; restored after the test
+    config = compact({"max_model_length": 512})
+    for model in config["applications"][0]["args"]["models"]:  # folders that exist
+        folder = tmp_path / model["name"]
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        model["model_path"] = str(folder)
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(compact({"max_model_length": 512})))
+    bad.write_text(yaml.safe_dump(config))
     result = CliRunner().invoke(app, ["serve", str(bad), "--proxy", "serve"])
     assert result.exit_code == 2, result.output
     assert "max_model_len" in result.output
