@@ -239,14 +239,14 @@ def test_scaling_one_model_works_while_another_models_engine_restarts(classes_ga
     """The fault the issue measured: ``rmgate scale`` used to judge every application and
     failed on another model's restarting slot. Now it judges only what it changes.
 
-    rm-0 is still restarting from the previous test's kill (a restart takes ~40-50 s);
-    run alone, the test kills it itself. The judge is scaled 2 -> 1 (no engine to boot:
-    the later tests use rm only)."""
+    rm-0 is killed once Serve has it running again (after the previous test's kill), so
+    that its restart (~40 s) spans the whole scale. The judge is scaled 2 -> 1 only: no
+    engine to boot, and the later tests use rm alone."""
     url, engines, work = classes_gateway
-    if _admin(work, "statuses").get("rm-0") == "RUNNING":
-        os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
-        _wait("rm-0 seen failing by Serve",
-              lambda: _admin(work, "statuses").get("rm-0") != "RUNNING", timeout_s=60)
+    _wait("rm-0 healthy again", lambda: _card(url, "rm")["health"] == ["healthy"] * 2)
+    os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
+    _wait("rm-0 seen failing by Serve",
+          lambda: _admin(work, "statuses").get("rm-0") != "RUNNING", timeout_s=60)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     address = dashboard_address(work / "serve.log")
     out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", "1", "--address", address],

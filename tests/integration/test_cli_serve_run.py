@@ -77,6 +77,13 @@ def serve_run(demo_models, tmp_path_factory):
         wait_until_serving(url, proc, log, 600, headers=AUTH)
         yield url, Path(marker)
     finally:
+        # Ctrl-C from a steady state: `serve run` interrupted while a replica is still
+        # initializing (rm-0, restarting after the failover test's kill) waits out the
+        # whole grace period (~2 min) before it exits.
+        try:
+            wait_until_serving(url, proc, log, 180, headers=AUTH)
+        except RuntimeError:
+            pass  # stopped anyway; what is left is checked below
         stop_process_group(proc)
         left = wait_until_gone(marker)
         assert not left, f"serve run left processes behind: {left}"
