@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from deployments.engine.process import free_port
-from gateway.harness.processes import stop_process_group
+from gateway.harness.processes import engine_secret_headers, stop_process_group
 from gateway.harness.running import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,16 +60,19 @@ def main() -> None:
         wait_until_serving(url, proc, logs / "serve.log", 900)
         wait_until_serving(url + "/handle", proc, logs / "serve.log", 900)
         engine_log = sorted((logs / "engines").glob("rm-0-*.log"))[0]
-        # Two rm-0 engines exist (one per application); either is a plain vLLM server.
-        engine_url = f"http://127.0.0.1:{engine_log.stem.rsplit('-', 1)[1]}"
+        # Two rm-0 engines exist (one per application); either is a vLLM server that
+        # answers its secret's bearer only.
+        engine_port = engine_log.stem.rsplit('-', 1)[1]
+        engine_url = f"http://127.0.0.1:{engine_port}"
         paths = {"engine": engine_url, "rmgate-direct": url, "rmgate-handle": url + "/handle"}
+        auth = {engine_url: engine_secret_headers(engine_port)}
         times: dict[str, list[float]] = {k: [] for k in paths}
         with httpx.Client(timeout=60) as client:
             for i in range(n + 10):
                 body = {"model": "rm", "input": f"2+{i % 10}={i % 13} is the answer"}
                 for name, base in paths.items():
                     t = time.perf_counter()
-                    r = client.post(base + "/classify", json=body)
+                    r = client.post(base + "/classify", json=body, headers=auth.get(base))
                     dt = (time.perf_counter() - t) * 1000
                     assert r.status_code == 200, r.text
                     if i >= 10:  # warm-up

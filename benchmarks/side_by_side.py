@@ -47,7 +47,7 @@ from gateway.core.hashing import slot_for_key
 from gateway.core.keys import request_key
 from gateway.harness import cpu_accounting
 from gateway.harness.least_loaded import start_proxy
-from gateway.harness.processes import engine_launcher_pid, stop_process_group
+from gateway.harness.processes import engine_headers_for, engine_launcher_pid, stop_process_group
 from gateway.harness.running import running_gateway
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,12 +94,14 @@ def answer(path: str, payload: dict[str, Any]) -> str:
 async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
                order: list[int] | None = None, strict: bool = True,
                headers: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
-    """Send ``calls`` (call i to ``urls[i % len(urls)]``, with ``headers[url]`` if given);
+    """Send ``calls`` (call i to ``urls[i % len(urls)]``, with ``headers[url]``: by default
+    the secret of each URL that is a local rmgate engine, reached directly as the anchor);
     latencies, wall time, answers.
 
     ``strict=False`` counts failed requests (non-200 or a transport error) in ``errors``
     with the first message instead of raising: an overhead sweep reports them per path."""
     order = order if order is not None else list(range(len(calls)))
+    headers = headers if headers is not None else engine_headers_for(urls)
     sem = asyncio.Semaphore(concurrency)
     lat: list[float] = []
     answers: dict[int, str] = {}
@@ -115,7 +117,7 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
             async with sem:
                 t = time.perf_counter()
                 try:
-                    r = await c.post(url, json=body, headers=(headers or {}).get(base))
+                    r = await c.post(url, json=body, headers=headers.get(base))
                 except httpx.HTTPError as exc:
                     if strict:
                         raise

@@ -30,6 +30,8 @@ import statistics
 import time
 from typing import Any
 
+from gateway.harness.processes import engine_headers_for
+
 Call = tuple[str, dict[str, Any]]
 
 
@@ -51,7 +53,9 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
     first = last = None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     conn = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, force_close=False)
-    headers = {"content-type": "application/json"}
+    # an rmgate engine reached directly (the anchor) wants its secret
+    secrets = engine_headers_for(urls)
+    headers = {u: {"content-type": "application/json", **secrets.get(u, {})} for u in urls}
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         queue = list(reversed(items))
 
@@ -59,11 +63,12 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
             nonlocal tokens, first, last
             while queue:
                 i, path, body = queue.pop()
-                url = urls[i % len(urls)] + path
+                base = urls[i % len(urls)]
+                url = base + path
                 t = time.time()
                 first = t if first is None else min(first, t)
                 try:
-                    async with session.post(url, data=body, headers=headers) as r:
+                    async with session.post(url, data=body, headers=headers[base]) as r:
                         raw = await r.read()
                         status = r.status
                         slot = r.headers.get("x-rmgate-slot", "-")

@@ -43,7 +43,7 @@ class EnginePlan:
 
     mode: str
     args: list[str] = field(default_factory=list)
-    #: Out of the repr: it may hold the engine's secret (``engine_host: node``).
+    #: Out of the repr: it holds the engine's secret.
     env: dict[str, str] = field(default_factory=dict, repr=False)
     #: Requests the ingress lets into this engine at once (1 when serialized).
     max_inflight: int = 1

@@ -89,9 +89,11 @@ class SlotReplica:
 
     def _start_engine(self, spec: ModelSpec) -> None:
         # loopback: only this node reaches the engine; node: the ingress on another node
-        # does too, with the secret only it is told (endpoint())
+        # does too. Either way the engine answers only callers with its secret, which only
+        # the ingress is told (endpoint()): on a shared training node any local process
+        # could otherwise reach it around the gateway, its auth and its metrics.
         host = ENGINE_HOST if spec.engine_host == "loopback" else _node_address()
-        self.secret = secrets.token_urlsafe(32) if spec.engine_host == "node" else None
+        self.secret = secrets.token_urlsafe(32)
         with PortReservation(host) as reservation:  # held until our engine listens on it
             port = reservation.port
             self.plan = plan_engine(spec, self.platform, port=port, host=host,
@@ -117,7 +119,7 @@ class SlotReplica:
                 "max_inflight": self.plan.max_inflight, "slot": self.slot,
                 "engine_pid": self.engine.pid, "selftest": self.selftest,
                 "numerics": self.numerics, "node": _where(self.engine),
-                **({"secret": self.secret} if self.secret else {})}
+                "secret": self.secret}
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """The ``handle`` transport: post ``body`` to the engine from inside the replica."""

@@ -5,8 +5,13 @@ is enough on the trainer side. Every gateway call is idempotent (same body, same
 is what makes retrying safe: a retried request cannot change a reward.
 
 - bounded concurrency, results in submission order (never completion order);
-- retries 5xx, 429 and 503 (honouring ``Retry-After``) and connection errors, with capped
-  exponential backoff; 4xx other than 429 raise ``RewardRequestError`` at once;
+- one budget per request (``timeout_s``), retries included: each attempt gets what is left
+  of it, and tells the gateway (``x-rmgate-timeout``), so a request never takes longer
+  than the caller's timeout however often it is retried;
+- retries only what is safe to retry: connection errors, 429 and 503 (honouring
+  ``Retry-After``) and 504, with capped, jittered exponential backoff; any other status
+  (4xx, a 500, a 502 the gateway gave after its own engine retries) raises
+  ``RewardRequestError`` at once;
 - a total timeout for a whole batch; a progress bar for large batches;
 - connection reuse: one keep-alive pool of at most ``concurrency`` connections per client and
   event loop, and one private event loop thread for the whole sync API, so per-sample callers
@@ -20,6 +25,7 @@ import asyncio
 import concurrent.futures
 import random
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -28,7 +34,12 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 import httpx
 
 T = TypeVar("T")
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: What a retry can fix: the gateway refused for now (429, 503: overload, a slot
+#: restarting) or the deadline passed (504). Every request is idempotent, so a retry can
+#: never change a reward; a 500 or 502 would only fail again.
+RETRY_STATUSES = frozenset({429, 503, 504})
+#: The header that carries a request's remaining budget to the gateway's deadline.
+TIMEOUT_HEADER = "x-rmgate-timeout"
 
 
 class RewardRequestError(RuntimeError):
@@ -164,6 +175,10 @@ class RewardClient:
 
     >>> with RewardClient("http://127.0.0.1:8000", model="rm") as client:
     ...     rewards = client.score([{"prompt": "2+3=", "response": "5"}])
+
+    ``timeout_s`` is each request's whole budget, its retries included (the gateway is told
+    what is left of it); ``total_timeout_s`` bounds a whole batch; ``retry`` caps the
+    attempts and shapes the backoff within the budget.
 
     Connections are reused across calls: the client keeps one ``httpx.AsyncClient`` (a
     keep-alive pool of at most ``concurrency`` connections) per event loop it is used in,
@@ -311,12 +326,22 @@ class RewardClient:
     # ---- low level --------------------------------------------------------------------
 
     async def _post(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict:
-        """POST with retries; the decoded JSON answer of a 200."""
+        """POST with retries within the request's budget (``timeout_s``); the decoded JSON
+        answer of a 200."""
+        budget = self.timeout_s
+        deadline = time.monotonic() + budget
         last = "no attempt made"
-        for attempt in range(self.retry.max_attempts):
+        attempts = 0
+        while attempts < self.retry.max_attempts:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            attempts += 1
             retry_after = None
             try:
-                resp = await client.post(path, json=body)
+                # the gateway's deadline is what is left of ours (it caps it at its own)
+                resp = await client.post(path, json=body, timeout=left,
+                                         headers={TIMEOUT_HEADER: f"{left:.3f}"})
             except httpx.TransportError as exc:  # connection refused/reset, read timeout
                 last = f"{type(exc).__name__}: {exc}"
             else:
@@ -331,9 +356,14 @@ class RewardClient:
                                              resp.status_code, detail)
                 last = f"{resp.status_code}: {detail}"
                 retry_after = resp.headers.get("retry-after")
-            if attempt + 1 < self.retry.max_attempts:
-                await asyncio.sleep(self.retry.delay(attempt, retry_after))
-        raise RewardRequestError(f"{path} failed after {self.retry.max_attempts} attempts: {last}")
+            if attempts >= self.retry.max_attempts:
+                break
+            pause = self.retry.delay(attempts - 1, retry_after)
+            if time.monotonic() + pause >= deadline:
+                break  # the next attempt would start past the budget
+            await asyncio.sleep(pause)
+        raise RewardRequestError(f"{path} failed after {attempts} attempts within its "
+                                 f"{budget:g}s budget: {last}")
 
     async def _gather_ordered(self, jobs: list[Callable[[httpx.AsyncClient], Awaitable[T]]],
                               total: int, unit: str) -> list[T]:

@@ -172,9 +172,9 @@ class ModelSpec(BaseModel):
     serialize_inflight: int = Field(default=4, ge=1, le=256)
     #: Where the slot's engine listens: ``loopback`` (127.0.0.1: only its own node reaches
     #: it; the ``handle`` transport crosses nodes) or ``node`` (its node's address, for an
-    #: ingress on another node with the ``direct`` transport). A ``node`` engine gets a
-    #: generated secret and refuses every request without it but ``/health``
-    #: (``deployments.engine.guard``), so only the gateway can call it.
+    #: ingress on another node with the ``direct`` transport). Either way the engine gets
+    #: a secret its slot generates at start and refuses every request without it but
+    #: ``/health`` (``deployments.engine.guard``), so only the gateway can call it.
     engine_host: Literal["loopback", "node"] = "loopback"
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
@@ -222,7 +222,8 @@ class GatewaySettings(BaseModel):
     #: (one hop fewer) or through the slot replica's Serve handle (works across nodes
     #: when engines bind loopback).
     transport: Literal["direct", "handle"] = "direct"
-    #: Per engine request timeout (504 after it).
+    #: Each request's deadline in seconds, from its arrival (``x-rmgate-timeout`` may
+    #: shorten it): every wait ends by it, retries and failover included (504 after it).
     request_timeout_s: float = Field(default=300.0, gt=0)
     #: How long a request waits for a dead slot to come back before answering 503.
     slot_wait_s: float = Field(default=120.0, ge=0)

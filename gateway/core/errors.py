@@ -202,8 +202,13 @@ class EngineFailed(RmgateError):
     status, code = 502, "engine_error"
 
 
-class EngineTimeout(RmgateError):
-    status, code = 504, "engine_timeout"
+class DeadlineExceeded(RmgateError):
+    """The request's deadline (``x-rmgate-timeout`` or ``gateway.request_timeout_s``)
+    passed before it was answered, wherever it was: waiting at a slot's gate, in an engine,
+    backing off, or on another candidate. Safe to retry (every request is idempotent)."""
+
+    status, code = 504, "deadline_exceeded"
+
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]], limit: int = 10) -> str:

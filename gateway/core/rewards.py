@@ -8,14 +8,15 @@ and bits as that request sent on its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
 from gateway.core.chat_text import prompt_text, response_text
+from gateway.core.concurrency import all_or_cancel
 from gateway.core.config import ModelSpec
+from gateway.core.deadline import Deadline
 from gateway.core.errors import InvalidSchema, RmgateError
 from gateway.core.keys import canonical_json
 from gateway.core.requests import parse_json_object, validate
@@ -88,9 +89,10 @@ def _routes(scored: list[Scored]) -> tuple[Route, ...]:
 class RewardScorer:
     """Turns (prompt, response, label) items into rewards with the configured models."""
 
-    def __init__(self, gateway: RewardGateway, timeout_s: float | None = None) -> None:
+    def __init__(self, gateway: RewardGateway, deadline: Deadline | None = None) -> None:
         self.gateway = gateway
-        self.timeout_s = timeout_s
+        #: The request's one deadline: every item's engine request ends by it.
+        self.deadline = deadline or gateway.deadline()
 
     def reward_model(self, name: str | None) -> ModelSpec:
         """The model a rewards request names, else ``default_reward_model``, else the only
@@ -101,7 +103,7 @@ class RewardScorer:
     async def _call(self, path: str, body: dict[str, Any], index: int) -> GatewayResult:
         call = self.gateway.generate if path == "/v1/chat/completions" else self.gateway.pool
         try:
-            return await call(path, canonical_json(body), self.timeout_s)
+            return await call(path, canonical_json(body), self.deadline)
         except RmgateError as err:
             raise err.for_item(index)
 
@@ -154,8 +156,9 @@ class RewardScorer:
     async def rewards(self, raw: bytes) -> GatewayResult:
         req = validate(RewardsRequest, parse_json_object(raw))
         spec = self.reward_model(req.model)
-        scored = list(await asyncio.gather(*(self._score_item(spec, i, it)
-                                             for i, it in enumerate(req.items))))
+        # one failed item fails the request: the others are cancelled (engines abort them)
+        scored = await all_or_cancel(self._score_item(spec, i, it)
+                                     for i, it in enumerate(req.items))
         body = {"model": spec.name, "rewards": [s.reward for s in scored],
                 "details": [s.detail for s in scored]}
         return GatewayResult(model=spec.name, body=json.dumps(body, ensure_ascii=False).encode(),
@@ -181,7 +184,7 @@ class RewardScorer:
                 jobs = [self._score_grm(spec, i, prompt_text(p), response_text(q, p),
                                         _label_text(lab))
                         for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
-            scored = list(await asyncio.gather(*jobs))
+            scored = await all_or_cancel(jobs)
         rewards = [s.reward for s in scored]
         # The same keys in every answer, an empty shard included (OpenRLHF gathers them
         # across shards: a missing key is its KeyError): `parsed` is 1.0 where a score was

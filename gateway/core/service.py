@@ -20,6 +20,8 @@ from gateway.core.errors import (EngineFailed, EngineRejected, ModelNotFound, Mo
                                  Rescaling, RmgateError, SeedRequired, SlotRemoved,
                                  StreamUnsupported, WrongModelKind, InvalidSchema,
                                  engine_error_message)
+from gateway.core.concurrency import all_or_cancel
+from gateway.core.deadline import GUARD_MARGIN_S, Deadline
 from gateway.core.embeddings import classify_body, embeddings_from_classify
 from gateway.core.keys import canonical_json, derive_seed, key_hex, request_key
 from gateway.core.placement import Placement, place, place_in_class
@@ -111,15 +113,20 @@ class RewardGateway:
 
     # ---- one engine request -----------------------------------------------------------
     async def _post_key(self, spec: ModelSpec, key: int, path: str, body: bytes,
-                        timeout_s: float) -> tuple[Route, EngineReply]:
+                        deadline: Deadline) -> tuple[Route, EngineReply]:
         """Send to the key's placement; when a scale-down removes the slot under the
         request, place it again under the new count (same bits: homogeneous replicas), and
         when a chosen class mate turned out to be of another class now, place it again
-        under the slots' current classes."""
+        under the slots' current classes. The transport ends every wait at ``deadline``;
+        a last-resort guard answers 504 ``GUARD_MARGIN_S`` after it whatever happened."""
         for _ in range(MAX_REROUTES):
             placement = self.placement(spec, key)
             try:
-                reply = await self.transport.post(spec.name, placement, path, body, timeout_s)
+                async with asyncio.timeout(deadline.remaining() + GUARD_MARGIN_S):
+                    reply = await self.transport.post(spec.name, placement, path, body,
+                                                      deadline)
+            except TimeoutError:
+                raise deadline.exceeded(f"routing it to {spec.name}'s slots") from None
             except SlotRemoved as exc:
                 logger.info("%s; routing %s again", exc, key_hex(key))
                 continue
@@ -146,13 +153,16 @@ class RewardGateway:
                                   if settings.load_weight == "answer_time" else None)
         return place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
 
-    def _timeout(self, timeout_s: float | None) -> float:
+    def deadline(self, timeout_s: float | None = None) -> Deadline:
+        """A request's one deadline, set at its arrival: ``timeout_s`` (the client's
+        ``x-rmgate-timeout``) capped at ``gateway.request_timeout_s``, or that setting."""
         limit = self.config.gateway.request_timeout_s
-        return limit if timeout_s is None else min(timeout_s, limit)
+        return Deadline.after(limit if timeout_s is None else min(timeout_s, limit))
 
     # ---- generative -------------------------------------------------------------------
     async def generate(self, path: str, raw: bytes,
-                       timeout_s: float | None = None) -> GatewayResult:
+                       deadline: Deadline | None = None) -> GatewayResult:
+        deadline = deadline or self.deadline()
         body = parse_json_object(raw)
         req = validate(GENERATE_ENDPOINTS[path], body)
         if req.stream:
@@ -179,7 +189,7 @@ class RewardGateway:
         engine_body.pop("stream", None)
         engine_body.pop("stream_options", None)
         route, reply = await self._post_key(spec, key, path, canonical_json(engine_body),
-                                            self._timeout(timeout_s))
+                                            deadline)
         result = GatewayResult(model=spec.name, body=reply.body, key=key, routes=(route,),
                                seed=seed, seed_derived=derived, endpoint=path,
                                max_tokens_clamped=clamped)
@@ -191,7 +201,9 @@ class RewardGateway:
         return result
 
     # ---- discriminative ---------------------------------------------------------------
-    async def pool(self, path: str, raw: bytes, timeout_s: float | None = None) -> GatewayResult:
+    async def pool(self, path: str, raw: bytes,
+                   deadline: Deadline | None = None) -> GatewayResult:
+        deadline = deadline or self.deadline()
         body = normalize_activation(parse_json_object(raw))
         req = validate(ClassifyRequest, body)
         spec = self.resolve_model(req.model, "discriminative")
@@ -207,30 +219,37 @@ class RewardGateway:
                 raise InvalidSchema("input must not be an empty list", param="input")
         item_bodies = [body if item is None else {**body, "input": item} for item in items]
         keys = [request_key(path, b) for b in item_bodies]
-        timeout = self._timeout(timeout_s)
-        routed = await asyncio.gather(*(self._post_key(spec, k, path, canonical_json(b), timeout)
-                                        for b, k in zip(item_bodies, keys)))
+        whole = whole_key if is_list else keys[0]
+
+        async def item(index: int, item_body: dict[str, Any], key: int
+                       ) -> tuple[Route, EngineReply]:
+            route, reply = await self._post_key(spec, key, path, canonical_json(item_body),
+                                                deadline)
+            if reply.status != 200:  # fails the request now: its siblings are cancelled
+                err = self._engine_error(reply, GatewayResult(
+                    model=spec.name, key=whole, routes=(route,), endpoint=path))
+                raise err.for_item(index) if is_list else err
+            return route, reply
+
+        # one failed item fails the request: its siblings are cancelled (engines abort them)
+        routed = await all_or_cancel(item(i, b, k)
+                                     for i, (b, k) in enumerate(zip(item_bodies, keys)))
         routes = tuple(route for route, _ in routed)
         replies = [reply for _, reply in routed]
-        result = GatewayResult(model=spec.name, key=whole_key if is_list else keys[0],
-                               routes=routes, endpoint=path)
         logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
-                                                "key": result.key_hex, "slots": result.slots,
-                                                "items": len(items)}))
-        for reply in replies:
-            if reply.status != 200:
-                raise self._engine_error(reply, result)
+                                                "key": key_hex(whole), "items": len(items),
+                                                "slots": [r.answered_by for r in routes]}))
         body_out = replies[0].body if not is_list else self._merge_pooling(replies, whole_key)
-        return GatewayResult(model=spec.name, body=body_out, key=result.key, routes=routes,
+        return GatewayResult(model=spec.name, body=body_out, key=whole, routes=routes,
                              endpoint=path)
 
-    async def embed(self, raw: bytes, timeout_s: float | None = None) -> GatewayResult:
+    async def embed(self, raw: bytes, deadline: Deadline | None = None) -> GatewayResult:
         """``/v1/embeddings`` for a DisRM: its ``/classify`` request with raw logits
         (``gateway.core.embeddings``), answered in OpenAI's embeddings shape."""
         req = validate(EmbeddingRequest, parse_json_object(raw))
         spec = self.resolve_model(req.model, "discriminative")
         pooled = await self.pool("/classify", canonical_json(classify_body(req, spec.name)),
-                                 timeout_s)
+                                 deadline)
         return dataclasses.replace(pooled, endpoint="/v1/embeddings", body=embeddings_from_classify(
             pooled.body, spec.name, req.encoding_format))
 

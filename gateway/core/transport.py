@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.core.deadline import Deadline
 from gateway.core.numerics import ModelClasses
 from gateway.core.placement import Placement
 
 
 def engine_auth(secret: str | None) -> dict[str, str]:
-    """The header an engine with a secret (``engine_host: node``) wants on every request;
-    the one definition, used by the ingress and by the slot replica."""
+    """The header an engine wants on every request but ``/health`` (every engine has its
+    slot's secret); the one definition, used by the ingress and by the slot replica."""
     return {"authorization": f"Bearer {secret}"} if secret else {}
 
 
@@ -34,7 +35,7 @@ class SlotInfo:
     raw: dict[str, Any] = field(default_factory=dict)
     #: The slot's numerics class (``gateway.core.numerics``); None when it reported none.
     numerics_class: str | None = None
-    #: The engine's secret (``engine_host: node``): sent as ``Authorization: Bearer``.
+    #: The engine's secret (every slot makes one): sent as ``Authorization: Bearer``.
     secret: str | None = field(default=None, repr=False)
 
     #: What every request to this slot's engine carries (made once, not per request).
@@ -108,9 +109,10 @@ class Transport(Protocol):
     """How the core reaches the slots of a model."""
 
     async def post(self, model: str, placement: Placement, path: str, body: bytes,
-                   timeout_s: float) -> EngineReply:
-        """Answer ``body`` on the placement's slots, in order; raises ``RmgateError``s
-        (``SlotRemoved`` when scaling took the slot away under the request)."""
+                   deadline: Deadline) -> EngineReply:
+        """Answer ``body`` on the placement's slots, in order, by ``deadline``; raises
+        ``RmgateError``s (``SlotRemoved`` when scaling took the slot away under the
+        request, ``DeadlineExceeded`` when the deadline passed)."""
 
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None: ...
 

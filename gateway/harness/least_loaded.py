@@ -24,12 +24,17 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from deployments.engine.process import free_port
+from gateway.harness.processes import engine_headers_for
 from gateway.harness.running import REPO
 
 
 def create_app(backends: list[str]) -> FastAPI:
     app = FastAPI()
     inflight = {b: 0 for b in backends}
+    # an rmgate engine answers only its secret's bearer (read from its launcher, as the
+    # user who started it); a plain vLLM server needs nothing
+    secrets = engine_headers_for(backends)
+    headers = {b: {"content-type": "application/json", **secrets.get(b, {})} for b in backends}
     # Idle connections expire before the engines' own keep-alive (uvicorn, 5 s) closes
     # them: at httpx's default of 5 s a request could go out on a connection the engine was
     # closing at that instant, a RemoteProtocolError the proxy would answer with a bare 500.
@@ -42,7 +47,7 @@ def create_app(backends: list[str]) -> FastAPI:
         inflight[backend] += 1
         try:
             resp = await client.post(f"{backend}/{path}", content=await request.body(),
-                                     headers={"content-type": "application/json"})
+                                     headers=headers[backend])
         except httpx.HTTPError as exc:  # say what failed instead of a bare 500
             return JSONResponse({"error": f"{backend}: {type(exc).__name__}: {exc}"}, 502)
         finally:

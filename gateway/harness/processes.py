@@ -12,6 +12,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterable
+from urllib.parse import urlsplit
 
 from gateway.harness import cpu_accounting
 
@@ -57,6 +59,38 @@ def engine_launcher_pid(port: int | str) -> int:
                     and cmd[cmd.index(b"--port") + 1] == str(port).encode()):
                 return int(entry.name)
     raise LookupError(port)
+
+
+def engine_secret_headers(port: int | str) -> dict[str, str]:
+    """The ``Authorization`` header of the engine listening on ``port``, read from its
+    launcher's environment (``RMGATE_ENGINE_SECRET``; only the user who started the
+    gateway can read it): for benchmarks and tests that reach an engine directly, around
+    the gateway, as its anchor. Every engine rmgate starts refuses a caller without it."""
+    from deployments.engine.guard import SECRET_ENV
+    from gateway.core.transport import engine_auth
+
+    environ = (Path("/proc") / str(engine_launcher_pid(port)) / "environ").read_bytes()
+    prefix = SECRET_ENV.encode() + b"="
+    secret = next((e[len(prefix):].decode() for e in environ.split(b"\0")
+                   if e.startswith(prefix)), None)
+    if secret is None:
+        raise LookupError(f"the engine on port {port} has no {SECRET_ENV}")
+    return engine_auth(secret)
+
+
+def engine_headers_for(urls: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``{url: header}`` for each of ``urls`` that is a local rmgate engine (found by its
+    port); other URLs (a gateway, a plain vLLM server) are left out."""
+    out = {}
+    for url in urls:
+        port = urlsplit(url).port
+        if port is None:
+            continue
+        try:
+            out[url] = engine_secret_headers(port)
+        except (LookupError, OSError):
+            continue
+    return out
 
 
 def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:

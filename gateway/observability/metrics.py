@@ -45,6 +45,14 @@ SLOT_CLASS = Gauge("rmgate_slot_class", "1 for each slot's numerics class (as la
 CANARY_DRIFT = Counter("rmgate_canary_drift", "Slots whose probe digest changed under a "
                        "running gateway (they leave their numerics class)",
                        ["model", "slot"], registry=REGISTRY)
+ENGINE_ABORTED = Counter("rmgate_engine_requests_aborted", "Engine requests abandoned before "
+                         "their answer, by reason: `deadline` (the request's deadline passed "
+                         "in the engine) or `cancelled` (a sibling item failed, or the client "
+                         "went away); their connection is closed, so vLLM aborts them",
+                         ["model", "slot", "reason"], registry=REGISTRY)
+CLIENT_DISCONNECTS = Counter("rmgate_client_disconnects", "Requests whose client went away "
+                             "before the answer (their work was cancelled)", ["endpoint"],
+                             registry=REGISTRY)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 

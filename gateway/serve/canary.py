@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 from deployments.engine.selftest import probe_requests
 from gateway.core.answers import answer_of
 from gateway.core.config import AppConfig
+from gateway.core.deadline import Deadline
 from gateway.core.errors import RmgateError
 from gateway.core.keys import canonical_json
 from gateway.core.numerics import DRIFT_PREFIX, probe_digest_of
@@ -71,8 +72,9 @@ class Canary:
         pinned = Placement(((slot, self.config.gateway.slot_wait_s),))
         try:
             for path, body in probe_requests(spec.kind, spec.name, spec.max_model_len):
-                reply = await self.transport.post(model, pinned, path, canonical_json(body),
-                                                  self.config.gateway.request_timeout_s)
+                reply = await self.transport.post(
+                    model, pinned, path, canonical_json(body),
+                    Deadline.after(self.config.gateway.request_timeout_s))
                 if reply.status != 200:
                     raise ValueError(f"probe answered {reply.status}")
                 answers.append(answer_of(path, json.loads(reply.body)).canonical)

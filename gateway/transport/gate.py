@@ -114,7 +114,9 @@ class SlotGate:
         except ValueError:
             pass
 
-    async def acquire(self) -> None:
+    async def acquire(self, timeout_s: float | None = None) -> None:
+        """A place, at once or after waiting at most ``timeout_s`` (``TimeoutError``: the
+        request's deadline passed in the waiting room; it is no longer counted there)."""
         if self.has_room:
             self._take()
             return
@@ -125,7 +127,8 @@ class SlotGate:
         self._count(1)
         self._wake()  # a place kept free for a faster mate's waiter is this one's
         try:
-            await waiter.future
+            async with asyncio.timeout(timeout_s):
+                await waiter.future
         except BaseException:
             if waiter.future.done() and not waiter.future.cancelled():
                 self.release()  # admitted and cancelled in the same instant: pass it on
@@ -164,14 +167,15 @@ class _Admitted:
 
 
 async def acquire_first(gates: Sequence[SlotGate],
-                        accepts: Callable[[int], bool] | None = None) -> int:
+                        accepts: Callable[[int], bool] | None = None,
+                        timeout_s: float | None = None) -> int:
     """A place in one of ``gates`` (in preference order): the first with room now, else the
     first to free one; returns its index. ``accepts(i)``: whether gate ``i`` (not the
     first, the placement's own choice, which always may) may take the request now; asked
     again each time that gate frees a place. The request waits in every gate's FIFO but is
     counted in one waiting room only (the first gate's while it has space, else the
     emptiest), so the class as a whole queues as many as its rooms hold; ``QueueFull``
-    when every room is full."""
+    when every room is full; ``TimeoutError`` when no place came within ``timeout_s``."""
     def may(i: int) -> bool:
         return i == 0 or accepts is None or accepts(i)
 
@@ -196,7 +200,8 @@ async def acquire_first(gates: Sequence[SlotGate],
         if not waiter.future.done() and gate.inflight < gate.capacity:
             gate._wake()
     try:
-        admitted = await waiter.future
+        async with asyncio.timeout(timeout_s):
+            admitted = await waiter.future
     except BaseException:
         if waiter.future.done() and not waiter.future.cancelled():
             waiter.future.result().release()  # admitted and cancelled in the same instant

@@ -23,9 +23,9 @@ import time
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from gateway.core.config import GatewaySettings
+from gateway.core.deadline import Deadline
 from gateway.core.numerics import ModelClasses
-from gateway.core.errors import (EngineFailed, EngineTimeout, SlotClassChanged, SlotRemoved,
-                                 SlotUnavailable)
+from gateway.core.errors import EngineFailed, SlotClassChanged, SlotRemoved, SlotUnavailable
 from gateway.core.placement import Placement, takes_waiter
 from gateway.core.retry import Decision, RetryConfig, RetryState
 from gateway.core.slots import SlotTable
@@ -146,20 +146,22 @@ class SlotTransport:
         return gate
 
     async def post(self, model: str, placement: Placement, path: str, body: bytes,
-                   timeout_s: float) -> EngineReply:
+                   deadline: Deadline) -> EngineReply:
         """Answer on the placement's slots in order: each keeps the request for its wait
-        budget while unreachable, then the next takes it; the last one's 503 is final."""
+        budget while unreachable, then the next takes it; the last one's 503 is final.
+        Every wait (gate, class queue, engine, backoff, candidate) ends at ``deadline``:
+        ``DeadlineExceeded`` (504) then."""
         candidates = placement.candidates
         admitted: SlotGate | None = None
         if placement.within_class and len(candidates) > 1 and self.settings.class_queue:
-            admitted, candidates = await self._admit_in_class(model, placement)
+            admitted, candidates = await self._admit_in_class(model, placement, deadline)
         # placed on another mate by the class queue: for load (its own slot: drained, if so)
         reason = None if candidates[0][0] == placement.first else (
             "drained" if placement.reason == "drained" else "load")
         for n, (slot, wait_s) in enumerate(candidates):
             first, admitted = admitted, None  # the class queue's place: the first attempt's
             try:
-                reply = await self._post_slot(model, slot, path, body, wait_s, timeout_s,
+                reply = await self._post_slot(model, slot, path, body, wait_s, deadline,
                                               placement.numerics_class
                                               if placement.within_class else None,
                                               admitted=first)
@@ -183,7 +185,7 @@ class SlotTransport:
             return dataclasses.replace(reply, reason=reason) if n == 0 and reason else reply
         raise AssertionError("a placement has at least one candidate")  # pragma: no cover
 
-    async def _admit_in_class(self, model: str, placement: Placement
+    async def _admit_in_class(self, model: str, placement: Placement, deadline: Deadline
                               ) -> tuple[SlotGate | None, tuple[tuple[int, float], ...]]:
         """The class queue: a place in the first of the placement's class mates to have
         room (in the placement's order), and the candidates with that slot first. Only
@@ -207,7 +209,12 @@ class SlotTransport:
         # Counted by requests the rule always lets a free place take a waiter (a property
         # test): nothing to ask on the hot path then.
         weighed = self.settings.load_weight == "answer_time"
-        chosen, gate = members[await acquire_first(gates, accepts if weighed else None)]
+        wait = deadline.left_or_raise(f"placing it in {model}'s class queue")
+        try:
+            index = await acquire_first(gates, accepts if weighed else None, wait)
+        except TimeoutError:
+            raise deadline.exceeded(f"waiting in {model}'s class queue {slots}") from None
+        chosen, gate = members[index]
         if chosen == placement.first:
             return gate, placement.candidates
         rest = [s for s, _ in placement.candidates if s != chosen]
@@ -216,7 +223,7 @@ class SlotTransport:
         return gate, ((chosen, 0.0), *zip(rest, waits))
 
     async def _post_slot(self, model: str, slot: int, path: str, body: bytes, wait_s: float,
-                         timeout_s: float, expected_class: str | None = None, *,
+                         deadline: Deadline, expected_class: str | None = None, *,
                          admitted: SlotGate | None = None) -> EngineReply:
         """``admitted``: a place in this slot's gate already taken (the class queue), used
         by the first attempt (released whatever happens); later attempts queue anew."""
@@ -227,9 +234,10 @@ class SlotTransport:
             try:
                 if self.slots.removed(model, slot):
                     raise SlotRemoved(f"slot {model}-{slot} was scaled away")
+                left = deadline.left_or_raise(f"waiting for slot {model}-{slot}")
                 if state.remaining() <= 0 and self.directory.cached(model, slot) is None:
                     self._discover(model, slot)  # skipped now (a class mate answers), asked anew
-                info = await self.directory.lookup(model, slot, state.remaining())
+                info = await self.directory.lookup(model, slot, min(state.remaining(), left))
                 if expected_class is not None and \
                         self.directory.known_class(model, slot) != expected_class:
                     # Placed while the slot was a class mate; it is not one now.
@@ -241,23 +249,23 @@ class SlotTransport:
                     times = self._answer_times[(model, slot)] = AnswerTimes(
                         self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels))
                 gate = self.gate(info)  # the one gate of (model, slot): ``held`` if any
-                entry, held = (held.admitted() if held is not None else gate), None
-                async with entry:
-                    start = self.clock()
-                    # a serialized engine answers the ones in it one after another
-                    token = times.started(gate.inflight if info.mode == "serialize" else 1)
-                    answered = False
+                place = held if held is not None else gate
+                if held is None:
                     try:
-                        status, content = await self.engine_client.post(info, path, body,
-                                                                        timeout_s)
-                        answered = status < 500
-                    finally:
-                        times.finished(token, answered)
-                metrics.ENGINE_SECONDS.labels(*labels).observe(self.clock() - start)
-                metrics.ENGINE_REQUESTS.labels(*labels, str(status)).inc()
+                        await gate.acquire(deadline.left_or_raise(f"slot {model}-{slot}'s gate"))
+                    except TimeoutError:
+                        raise deadline.exceeded(f"waiting at slot {model}-{slot}'s gate "
+                                                f"({gate.inflight} in its engine)") from None
+                held = None
+                try:
+                    status, content = await self._call_engine(
+                        info, path, body, deadline, times,
+                        gate.inflight if info.mode == "serialize" else 1, labels)
+                finally:
+                    place.release()
             except EngineNoAnswer:
-                raise EngineTimeout(f"engine of slot {model}-{slot} did not answer within "
-                                    f"{timeout_s:g}s") from None
+                raise deadline.exceeded(f"slot {model}-{slot}'s engine had not answered") \
+                    from None
             except (EngineUnreachable, EngineConnectionLost) as exc:
                 logger.warning("slot %s-%d unreachable (%s); waiting for it", model, slot, exc)
                 decision = state.record_unreachable()
@@ -279,4 +287,32 @@ class SlotTransport:
             if decision is Decision.GIVE_UP:
                 raise SlotUnavailable(f"slot {model}-{slot} is unavailable; it did not come "
                                       f"back within {wait_s:.0f}s")
-            await self.sleep(self.retry.backoff_s)
+            await self.sleep(min(self.retry.backoff_s, deadline.remaining()))
+
+    async def _call_engine(self, info: SlotInfo, path: str, body: bytes, deadline: Deadline,
+                           times: AnswerTimes, ahead: int, labels: tuple[str, str]
+                           ) -> tuple[int, bytes]:
+        """One engine call within what is left of the deadline, timed and counted. A call
+        abandoned before its answer (the deadline passed, a sibling item failed, the client
+        went away) closes its connection, which makes vLLM abort the request: counted in
+        ``rmgate_engine_requests_aborted_total``."""
+        start = self.clock()
+        # a serialized engine answers the ones in it one after another
+        token = times.started(ahead)
+        answered = False
+        try:
+            status, content = await self.engine_client.post(
+                info, path, body,
+                deadline.left_or_raise(f"calling slot {info.model}-{info.slot}'s engine"))
+            answered = status < 500
+        except EngineNoAnswer:
+            metrics.ENGINE_ABORTED.labels(*labels, "deadline").inc()
+            raise
+        except asyncio.CancelledError:
+            metrics.ENGINE_ABORTED.labels(*labels, "cancelled").inc()
+            raise
+        finally:
+            times.finished(token, answered)
+        metrics.ENGINE_SECONDS.labels(*labels).observe(self.clock() - start)
+        metrics.ENGINE_REQUESTS.labels(*labels, str(status)).inc()
+        return status, content

@@ -37,7 +37,7 @@ import yaml
 
 from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.answers import answer_of
-from gateway.harness.processes import engine_launcher_pid
+from gateway.harness.processes import engine_launcher_pid, engine_secret_headers
 from gateway.harness.running import dashboard_address, metric_total, running_gateway
 from gateway.harness.slowdowns import duty_cycled
 from gateway.core.hashing import slot_for_key
@@ -202,7 +202,8 @@ def _single_key_disrm(n: int, seed: int):
 
 def _direct(port: int, calls) -> list[str]:
     """The canonical answers of one engine reached directly (no gateway, no placement)."""
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
+                      headers=engine_secret_headers(port)) as c:
         return [answer_of(call.path, c.post(call.path, json=call.body).json()).canonical
                 for call in calls]
 
@@ -282,6 +283,7 @@ def test_the_canary_drains_a_slot_whose_weights_change_under_it(classes_gateway,
 
     def reload(path: Path) -> None:
         r = httpx.post(f"http://127.0.0.1:{port1}/collective_rpc", timeout=120,
+                       headers=engine_secret_headers(port1),
                        json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         assert r.status_code == 200, r.text
 

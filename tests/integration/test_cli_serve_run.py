@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.client import RewardClient
+from tests.integration.stalls import check_stalled_slot, engine_port
 from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
                                         wait_until_serving)
 from gateway.harness.processes import engine_launcher_pid
@@ -127,6 +128,18 @@ def test_live_fuzz_never_5xx(serve_run, path, body):
     assert r.status_code < 500, (r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json"), r.headers
     r.json()
+
+
+def test_a_stalled_slot_with_next_slot_failover_answers_504_at_the_deadline(serve_run):
+    """``failover: next_slot`` moves a request whose slot is unreachable; a stalled engine
+    is reachable and silent: its requests end at their one deadline, not after a
+    timeout per candidate. ``serve run``'s engines answer only with their secret."""
+    url, engines = serve_run
+    port = engine_port(engines, "rm-1")
+    r = httpx.post(f"http://127.0.0.1:{port}/classify", json={"model": "rm", "input": "x"},
+                   timeout=30)
+    assert r.status_code == 401, r.text
+    check_stalled_slot(url, engines, slot=1, tag="next", headers=AUTH)
 
 
 def test_next_slot_failover_under_load(serve_run):

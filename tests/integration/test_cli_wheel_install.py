@@ -417,6 +417,13 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
         ours, listeners)  # judge x2, rm x2
     assert ours["haproxy"] or "HTTP path: serve" in text, ours  # HAProxy's, where it runs
     assert not problems, "listening beyond loopback:\n" + "\n".join(problems)
+    # Every engine answers only its gateway: 401 without its slot's secret, /health open.
+    for engine in sorted(ours["engines"] & bound):
+        base = f"http://127.0.0.1:{engine}"
+        assert httpx.get(base + "/health", timeout=30).status_code == 200
+        for path in ("/classify", "/v1/chat/completions", "/v1/models", "/tokenize"):
+            r = httpx.post(base + path, json={"model": "rm", "input": "x"}, timeout=30)
+            assert r.status_code == 401, (engine, path, r.status_code, r.text)
     TIMINGS["known_listeners_beyond_loopback"] = len(known)
     print("\nknown listeners beyond loopback (Ray 2.60's gRPC servers and agents, HAProxy "
           "stats/metrics):\n  " + "\n  ".join(known), flush=True)

@@ -14,7 +14,7 @@ from gateway.core.errors import QueueFull
 from gateway.core.placement import Placement
 from gateway.transport.engine_client import HttpxEngineClient
 from gateway.transport.gate import SlotGate, acquire_first
-from tests.unit.test_routing import transport
+from tests.unit.test_routing import transport, within
 
 
 async def two_full_gates(max_waiting: int = 10) -> tuple[SlotGate, SlotGate]:
@@ -110,7 +110,7 @@ HOME0 = Placement(((0, 0.0), (1, 120.0)), home=0, numerics_class="A", within_cla
 async def test_requests_behind_a_stalled_slot_go_to_the_free_class_mate(class_queue: bool):
     t, release = _stalled_and_free(class_queue=class_queue)
     await _describe(t)
-    tasks = [asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", 30))
+    tasks = [asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30)))
              for _ in range(6)]
     for _ in range(20):
         await asyncio.sleep(0)
@@ -134,7 +134,7 @@ async def test_an_idle_gateway_answers_every_key_on_its_own_slot():
     release.set()
     await _describe(t)
     for _ in range(3):  # one at a time: its own slot always has room
-        reply = await t.post("m", HOME0, "/classify", b"{}", 30)
+        reply = await t.post("m", HOME0, "/classify", b"{}", within(30))
         assert reply.slot == 0 and reply.reason is None
 
 
@@ -144,7 +144,7 @@ async def test_a_placement_across_slots_not_within_a_class_never_uses_the_class_
     t, release = _stalled_and_free()
     await _describe(t)
     pinned = Placement(((0, 120.0), (1, 120.0)))
-    tasks = [asyncio.ensure_future(t.post("m", pinned, "/classify", b"{}", 30))
+    tasks = [asyncio.ensure_future(t.post("m", pinned, "/classify", b"{}", within(30)))
              for _ in range(3)]
     for _ in range(20):
         await asyncio.sleep(0)
@@ -187,11 +187,11 @@ async def test_a_place_the_class_queue_took_is_given_back_when_the_slot_cannot_a
 
     t, release = _stalled_and_free()
     await _describe(t)
-    first = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", 30))
+    first = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30)))
     await asyncio.sleep(0.01)  # holds slot 0's only place
     gate1 = t._gates[("m", 1)]
     await gate1.acquire()  # slot 1 full too: the next request waits at both
-    waiting = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", 30))
+    waiting = asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30)))
     for _ in range(5):
         await asyncio.sleep(0)
     assert gate1.waiting + t._gates[("m", 0)].waiting == 1
@@ -295,7 +295,7 @@ async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_
     await gate1.acquire()
     await gate1.acquire()
     home1 = Placement(((1, 0.0), (0, 120.0)), home=1, numerics_class="A", within_class=True)
-    task = asyncio.ensure_future(t.post("m", home1, "/classify", b"{}", 30))
+    task = asyncio.ensure_future(t.post("m", home1, "/classify", b"{}", within(30)))
     for _ in range(20):
         await asyncio.sleep(0)
     if load_weight == "count":

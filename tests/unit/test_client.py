@@ -54,11 +54,52 @@ def test_results_in_submission_order_despite_completion_order():
         assert c.score(items(20)) == [float(i) for i in range(20)]  # again, same pool
 
 
-def test_retries_5xx_429_503_then_succeeds_without_duplicates():
-    transport, calls = scripted({"0": [503, 429, 500], "3": [502]})
+def test_retries_429_503_504_then_succeeds_without_duplicates():
+    transport, calls = scripted({"0": [503, 429, 504], "3": [504]})
     with RewardClient("http://x", transport=transport, batch_size=1, retry=FAST) as client:
         assert client.score(items(5)) == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert len(calls) == 5 + 4
+
+
+@pytest.mark.parametrize("status", [500, 502])
+def test_500_and_502_are_not_retried(status):
+    """A 500 (a bug) or a 502 (the engine failed after the gateway's own retries) would
+    only fail again: raised at once, not retried."""
+    transport, calls = scripted({"0": [status]})
+    with RewardClient("http://x", transport=transport, batch_size=1, retry=FAST) as client:
+        with pytest.raises(RewardRequestError) as err:
+            client.score(items(1))
+    assert err.value.status == status and len(calls) == 1
+
+
+def test_each_attempt_tells_the_gateway_what_is_left_of_the_budget():
+    seen: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(float(request.headers["x-rmgate-timeout"]))
+        if len(seen) < 3:
+            return httpx.Response(503, json={}, headers={"Retry-After": "0"})
+        return httpx.Response(200, json={"rewards": [1.0], "details": [{}]})
+
+    with RewardClient("http://x", transport=httpx.MockTransport(handler), retry=FAST,
+                      timeout_s=30) as client:
+        assert client.score(items(1)) == [1.0]
+    assert len(seen) == 3 and 29 < seen[0] <= 30 and seen[0] >= seen[1] >= seen[2]
+
+
+def test_retries_stay_within_the_budget_against_a_gateway_that_keeps_refusing():
+    """8 attempts of a 1 s timeout each used to take up to 8 s plus backoff; now the
+    whole request, retries included, ends within its budget."""
+    async def refusing(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.2)
+        return httpx.Response(503, json={}, headers={"Retry-After": "0.1"})
+
+    with RewardClient("http://x", transport=httpx.MockTransport(refusing),
+                      timeout_s=1.0) as client:
+        t = time.monotonic()
+        with pytest.raises(RewardRequestError, match="within its 1s budget"):
+            client.score(items(1))
+        assert time.monotonic() - t <= 1.0 + 0.2
 
 
 def test_retry_after_is_honoured():
@@ -79,7 +120,7 @@ def test_4xx_raises_at_once():
 def test_gives_up_after_the_retry_budget():
     transport, calls = scripted({"0": [503] * 10})
     with RewardClient("http://x", transport=transport, retry=FAST) as client:
-        with pytest.raises(RewardRequestError, match="after 5 attempts"):
+        with pytest.raises(RewardRequestError, match="after 5 attempts within"):
             client.score(items(1))
     assert len(calls) == 5
 

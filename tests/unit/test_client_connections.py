@@ -30,7 +30,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import gateway.client.verl as verl
-from gateway.client import RewardClient
+from gateway.client import RewardClient, RewardRequestError
 
 pytestmark = pytest.mark.timeout(60)
 CALLS = 1000
@@ -99,7 +99,17 @@ async def rewards(request: Request) -> JSONResponse:
                                      for i in range(len(items))]})
 
 
-APP = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"])])
+async def refusing(request: Request) -> JSONResponse:
+    """A gateway in trouble: 500 on ``/fail/500``, 503 with ``Retry-After`` on ``/fail/503``
+    (each after a pause, as a struggling server answers)."""
+    await asyncio.sleep(0.2)
+    status = int(request.path_params["status"])
+    return JSONResponse({"error": {"message": "trouble", "code": "x"}}, status,
+                        headers={"Retry-After": "0.3"} if status == 503 else None)
+
+
+APP = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]),
+                        Route("/fail/{status}/v1/rewards", refusing, methods=["POST"])])
 
 
 @pytest.fixture(scope="module")
@@ -391,3 +401,17 @@ def test_injected_transport_still_works_and_is_reused():
         assert c.score([{"prompt": "p", "response": "r"}]) == [1.0]
         assert c._runner is not None and c._runner.pool is first
     assert [r.headers["authorization"] for r in seen] == ["Bearer k", "Bearer k"]
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_gateway_answering_5xx_costs_at_most_the_budget(server, status):
+    """Over real HTTP: a 500 is not retried (one attempt); a 503 is, within the 1.5 s
+    budget, never 8 attempts of the whole timeout each."""
+    with RewardClient(f"http://{server}/fail/{status}", timeout_s=1.5) as client:
+        start = time.monotonic()
+        with pytest.raises(RewardRequestError) as err:
+            client.score([{"prompt": "p", "response": "1"}])
+        took = time.monotonic() - start
+    assert err.value.status in (None, status) and took <= 1.5 + 0.3, took
+    if status == 500:
+        assert took < 1.0 and err.value.status == 500  # no retry

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from gateway.core.deadline import Deadline
 from gateway.core.config import AppConfig
 from gateway.core.hashing import slot_for_key
 from gateway.http.app import create_app
@@ -33,9 +34,9 @@ class FakeTransport:
         self.reply_status = 200
 
     async def post(self, model: str, placement, path: str, body: bytes,
-                   timeout_s: float = 300.0) -> EngineReply:
+                   deadline: Deadline) -> EngineReply:
         slot = placement.home
-        self.timeout = timeout_s
+        self.deadline = deadline
         data = json.loads(body)
         self.sent.append((model, slot, path, data))
         if self.reply_status != 200:
@@ -259,9 +260,9 @@ class BusyTransport(FakeTransport):
     def slot_view(self, model: str, slots: int) -> SlotView:
         return SlotView(ModelClasses(("A",) * slots), {0: 10} if model == "judge" else {})
 
-    async def post(self, model, placement, path, body, timeout_s=300.0):
+    async def post(self, model, placement, path, body, deadline):
         reply = await super().post(model, type(placement)(((placement.first, 1.0),)),
-                                   path, body, timeout_s)
+                                   path, body, deadline)
         return EngineReply(reply.status, reply.body, reply.fingerprint, reply.slot, "A")
 
 

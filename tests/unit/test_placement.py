@@ -3,6 +3,8 @@ a class, the key's own ranking, strict vs mixed, and the pinned behaviour it fal
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,7 +97,7 @@ def test_bounded_load_properties(key, loads, c):
     members = [s for s, _ in p.candidates]
     assert sorted(members) == list(range(n))           # every mate, once
     total = sum(loads)
-    capacity = max(1, -(-int(c * (total + 1) * 1e9) // int(n * 1e9)))  # ceil without floats
+    capacity = max(1, math.ceil(c * (total + 1) / n))  # the documented bound, as written
     under = [s for s in slot_ranking(key, n) if load[s] < capacity]
     if under:  # the first mate under the bound, in the key's own ranking
         assert p.first == under[0]

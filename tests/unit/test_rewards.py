@@ -27,7 +27,7 @@ CONFIG = {
 class JudgeTransport(FakeTransport):
     """A judge that answers 'Score: <len(content) % 3>', or rambles for 'ramble'."""
 
-    async def post(self, model, placement, path, body, timeout_s=300.0):
+    async def post(self, model, placement, path, body, deadline):
         slot = placement.home
         data = json.loads(body)
         self.sent.append((model, slot, path, data))

@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from gateway.core.config import GatewaySettings
-from gateway.core.errors import EngineFailed, EngineTimeout, QueueFull, SlotRemoved, SlotUnavailable
+from gateway.core.deadline import Deadline
+from gateway.core.errors import (DeadlineExceeded, EngineFailed, QueueFull, SlotRemoved,
+                                 SlotUnavailable)
 from gateway.core.hashing import slot_for_key, slot_ranking
 from gateway.core.placement import Placement, place
 from gateway.core.retry import Decision, RetryConfig, RetryState
@@ -75,6 +77,12 @@ def transport(hosts=("dead", "alive1", "alive2"), handler=engine, **settings):
     return t, clock
 
 
+def within(seconds: float) -> Deadline:
+    """A request's deadline ``seconds`` from now (on the wall clock: the fake clock only
+    moves the transport's own waits)."""
+    return Deadline.after(seconds)
+
+
 def only(slot: int, wait_s: float = 10.0) -> Placement:
     return Placement(((slot, wait_s),))
 
@@ -82,7 +90,7 @@ def only(slot: int, wait_s: float = 10.0) -> Placement:
 async def test_wait_mode_never_leaves_the_slot_and_waits_its_whole_budget():
     t, clock = transport()
     with pytest.raises(SlotUnavailable) as err:
-        await t.post("m", only(0, 0.6), "/classify", b"{}", 30)
+        await t.post("m", only(0, 0.6), "/classify", b"{}", within(30))
     assert err.value.status == 503 and err.value.headers["Retry-After"]
     assert clock.slept == [0.5]  # one backoff fits in 0.6 s, the next would not
 
@@ -90,28 +98,28 @@ async def test_wait_mode_never_leaves_the_slot_and_waits_its_whole_budget():
 async def test_next_slot_mode_moves_to_the_ranking_and_counts_it():
     t, clock = transport()
     before = metrics.FAILOVERS.labels("m", "0", "2")._value.get()
-    reply = await t.post("m", Placement(((0, 0.3), (2, 5.0), (1, 5.0))), "/classify", b"{}", 30)
+    reply = await t.post("m", Placement(((0, 0.3), (2, 5.0), (1, 5.0))), "/classify", b"{}", within(30))
     assert reply.slot == 2 and b"alive2" in reply.body
     assert metrics.FAILOVERS.labels("m", "0", "2")._value.get() == before + 1
 
 
 async def test_healthy_slot_answers_itself():
     t, _ = transport()
-    reply = await t.post("m", Placement(((1, 5.0), (0, 5.0))), "/classify", b"{}", 30)
+    reply = await t.post("m", Placement(((1, 5.0), (0, 5.0))), "/classify", b"{}", within(30))
     assert reply.slot == 1
 
 
 async def test_engine_5xx_is_retried_then_502():
     t, clock = transport(hosts=("broken",))
     with pytest.raises(EngineFailed) as err:
-        await t.post("m", only(0), "/x", b"{}", 30)
+        await t.post("m", only(0), "/x", b"{}", within(30))
     assert err.value.status == 502 and clock.slept == [0.5, 0.5]
 
 
 async def test_no_answer_in_time_is_504_and_not_retried():
     t, clock = transport(hosts=("slow",))
-    with pytest.raises(EngineTimeout) as err:
-        await t.post("m", only(0), "/x", b"{}", 2.0)
+    with pytest.raises(DeadlineExceeded) as err:
+        await t.post("m", only(0), "/x", b"{}", within(2.0))
     assert err.value.status == 504 and clock.slept == []
 
 
@@ -119,7 +127,7 @@ async def test_removed_slot_is_handed_back():
     t, _ = transport()
     t.slots.update({"m": 1})
     with pytest.raises(SlotRemoved):
-        await t.post("m", only(2), "/x", b"{}", 30)
+        await t.post("m", only(2), "/x", b"{}", within(30))
 
 
 async def test_gate_serializes_and_bounds_the_queue():
@@ -132,11 +140,11 @@ async def test_gate_serializes_and_bounds_the_queue():
         return httpx.Response(200, json={})
 
     t, _ = transport(handler=slow_engine, max_queue_per_slot=2)
-    results = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", 30) for _ in range(3)),
+    results = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(3)),
                                    return_exceptions=True)
     assert all(not isinstance(r, Exception) for r in results)
     assert order == ["start", "end"] * 3  # one in flight at a time (max_inflight=1)
-    over = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", 30) for _ in range(5)),
+    over = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(5)),
                                 return_exceptions=True)
     rejected = [r for r in over if isinstance(r, Exception)]
     assert rejected and all(isinstance(r, QueueFull) and r.status == 503 for r in rejected)
@@ -155,12 +163,12 @@ async def test_gate_follows_the_mode_a_restarted_slot_reports():
         return httpx.Response(200, json={})
 
     t, _ = transport(hosts=("a",), handler=counting)
-    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", 30) for _ in range(4)))
+    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", within(30)) for _ in range(4)))
     assert peak == 1
     t.directory.handles["m"][0].info.update(max_inflight=4, mode="batch_invariant")
     t.directory.forget("m", 0)  # what a failed call does when the replica restarts
     peak = 0
-    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", 30) for _ in range(8)))
+    await asyncio.gather(*(t.post("m", only(0), "/x", b"{}", within(30)) for _ in range(8)))
     assert peak == 4 and t._gates[("m", 0)].capacity == 4
 
 
@@ -241,7 +249,7 @@ async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
     t, clock = transport(hosts=("dead", "alive1"))
     placement = await _slot0_key_in_one_class(t)
     before = metrics.FAILOVERS.labels("m", "0", "1")._value.get()
-    reply = await t.post("m", placement, "/classify", b"{}", 30)
+    reply = await t.post("m", placement, "/classify", b"{}", within(30))
     assert reply.slot == 1 and reply.numerics_class == "A" and clock.slept == []
     assert metrics.FAILOVERS.labels("m", "0", "1")._value.get() == before
     # the dead slot keeps its class (its keys keep going to the mate), its info is forgotten
@@ -257,10 +265,10 @@ async def test_an_engine_that_keeps_answering_5xx_hands_its_keys_to_its_class_ma
     t, clock = transport(hosts=("broken", "alive1"))
     placement = await _slot0_key_in_one_class(t)
     assert placement.within_class and placement.first == 0
-    reply = await t.post("m", placement, "/classify", b"{}", 30)
+    reply = await t.post("m", placement, "/classify", b"{}", within(30))
     assert reply.slot == 1 and b"alive1" in reply.body and clock.slept == []
     with pytest.raises(EngineFailed):  # the negative control: no class, no hand-over
-        await t.post("m", only(0), "/classify", b"{}", 30)
+        await t.post("m", only(0), "/classify", b"{}", within(30))
     assert clock.slept == [0.5, 0.5]
 
 
@@ -272,7 +280,7 @@ async def test_slot_view_reports_load_from_the_gates():
         return httpx.Response(200, json={})
 
     t.engine_client = HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(hold)))
-    tasks = [asyncio.ensure_future(t.post("m", only(1), "/x", b"{}", 30)) for _ in range(3)]
+    tasks = [asyncio.ensure_future(t.post("m", only(1), "/x", b"{}", within(30))) for _ in range(3)]
     await asyncio.sleep(0.01)
     assert t.slot_view("m", 2).load == {0: 0, 1: 3}  # one in flight, two queued
     await asyncio.gather(*tasks)
@@ -298,16 +306,16 @@ async def test_a_class_mate_that_restarted_with_other_numerics_is_not_answered_o
     t.directory.handles["m"][1].info.update(numerics={"class_id": "B"}, engine_pid=2)
     t.directory.forget("m", 1)  # what a failed call does when the replica restarts
     with pytest.raises(SlotClassChanged) as err:
-        await t.post("m", placement, "/classify", b"{}", 30)
+        await t.post("m", placement, "/classify", b"{}", within(30))
     assert isinstance(err.value, SlotRemoved)  # the core places it again (service loop)
     again = t.slot_view("m", 2)
     assert again.classes.classes == ("A", "B") and again.classes.drained(1)
     replaced = place_in_class(key, again.classes, again.load, failover="wait",
                               slot_wait_s=120, failover_after_s=5, load_bound=1.25)
     assert replaced.candidates == ((0, 120.0),) and replaced.reason == "drained"
-    assert (await t.post("m", replaced, "/classify", b"{}", 30)).slot == 0
+    assert (await t.post("m", replaced, "/classify", b"{}", within(30))).slot == 0
     # the negative control: a pinned placement (no class) still answers on slot 1
-    assert (await t.post("m", only(1), "/classify", b"{}", 30)).slot == 1
+    assert (await t.post("m", only(1), "/classify", b"{}", within(30))).slot == 1
 
 
 async def test_a_canary_verdict_holds_for_its_engine_and_not_after_a_restart():

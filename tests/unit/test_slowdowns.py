@@ -29,6 +29,12 @@ def _share_over(pid: int, seconds: float) -> float:
     return (_cpu_seconds(pid) - before) / (time.monotonic() - t)
 
 
+def _best_share(pid: int, windows: int = 3) -> float:
+    """The most CPU the child got in any of ``windows`` half-second windows: a shared host
+    can take a core away for a second; a cap that was not undone holds in every window."""
+    return max(_share_over(pid, 0.5) for _ in range(windows))
+
+
 def _busy_child() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
 
@@ -42,10 +48,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_a_cpu_cgroup_caps_the_engine_and_is_undone():
     proc = _busy_child()
     try:
-        free = _share_over(proc.pid, 1.0)
+        free = _best_share(proc.pid)
         with cpu_throttled([proc.pid], 0.1):
             capped = _share_over(proc.pid, 1.5)
-        after = _share_over(proc.pid, 1.0)
+        after = _best_share(proc.pid)
     finally:
         _stop(proc)
     assert capped < 0.2 and free > 0.4 and after > 0.4, (free, capped, after)
@@ -55,10 +61,10 @@ def test_a_cpu_cgroup_caps_the_engine_and_is_undone():
 def test_a_duty_cycle_stops_the_engine_most_of_the_time_and_continues_it_at_the_end():
     proc = _busy_child()
     try:
-        free = _share_over(proc.pid, 1.0)
+        free = _best_share(proc.pid)
         with duty_cycled([proc.pid], 0.09, 0.01):
             stopped = _share_over(proc.pid, 1.5)
-        after = _share_over(proc.pid, 1.0)
+        after = _best_share(proc.pid)
     finally:
         _stop(proc)
     assert stopped < 0.3 and free > 0.4 and after > 0.4, (free, stopped, after)

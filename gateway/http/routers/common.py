@@ -1,24 +1,32 @@
-"""The thin part every engine-shaped handler shares: read the body, call the core with the
-request's timeout, render the typed result (or the error) and record the metrics."""
+"""The thin part every engine-shaped handler shares: read the body, set the request's one
+deadline, call the core (cancelled when the client goes away), render the typed result (or
+the error) and record the metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from gateway.core.deadline import Deadline
 from gateway.core.errors import RmgateError
 from gateway.core.results import GatewayResult
 from gateway.core.service import RewardGateway
 from gateway.http.auth import get_gateway
 from gateway.http.body import read_body, request_timeout
+from gateway.http.disconnect import ClientDisconnected, unless_disconnected
 from gateway.http.errors import error_response
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
 
-CoreCall = Callable[[RewardGateway, bytes, "float | None"], Awaitable[GatewayResult]]
+CoreCall = Callable[[RewardGateway, bytes, Deadline], Awaitable[GatewayResult]]
+
+#: The status recorded for a request whose client left before its answer (nginx's
+#: "client closed request"); nobody receives it.
+CLIENT_CLOSED = 499
 
 
 def render(result: GatewayResult) -> Response:
@@ -33,8 +41,9 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
     model = ""
     try:
         gateway = get_gateway(request)
+        deadline = gateway.deadline(request_timeout(request))  # the request's one deadline
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
-        result = await call(gateway, raw, request_timeout(request))
+        result = await unless_disconnected(request, call(gateway, raw, deadline))
         model = result.model
         if result.seed_derived:
             metrics.SEEDS_DERIVED.labels(model).inc()
@@ -44,5 +53,12 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
     except RmgateError as err:
         model = err.routed.model if err.routed is not None else ""
         response = error_response(err)
+    except (ClientDisconnected, asyncio.CancelledError) as gone:
+        # the work is cancelled: its engine requests are aborted (counted per slot)
+        metrics.CLIENT_DISCONNECTS.labels(endpoint).inc()
+        metrics.record_request(model, endpoint, CLIENT_CLOSED, time.monotonic() - start)
+        if isinstance(gone, asyncio.CancelledError):
+            raise  # Serve cancelled the handler itself
+        return Response(status_code=CLIENT_CLOSED)
     metrics.record_request(model, endpoint, response.status_code, time.monotonic() - start)
     return response

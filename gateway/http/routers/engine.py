@@ -25,11 +25,11 @@ def body_doc(schema: type) -> dict[str, Any]:
 
 
 def _generate(path: str) -> CoreCall:
-    return lambda gw, raw, timeout_s: gw.generate(path, raw, timeout_s)
+    return lambda gw, raw, deadline: gw.generate(path, raw, deadline)
 
 
 def _pool(path: str) -> CoreCall:
-    return lambda gw, raw, timeout_s: gw.pool(path, raw, timeout_s)
+    return lambda gw, raw, deadline: gw.pool(path, raw, deadline)
 
 
 #: (path, request schema, core call, tag) of every engine-shaped endpoint.
