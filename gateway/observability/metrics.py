@@ -53,6 +53,15 @@ ENGINE_ABORTED = Counter("rmgate_engine_requests_aborted", "Engine requests aban
 CLIENT_DISCONNECTS = Counter("rmgate_client_disconnects", "Requests whose client went away "
                              "before the answer (their work was cancelled)", ["endpoint"],
                              registry=REGISTRY)
+LEDGER_WRITTEN = Counter("rmgate_ledger_rows_written", "Rows written to the reward ledger",
+                         registry=REGISTRY)
+LEDGER_DROPPED = Counter("rmgate_ledger_rows_dropped", "Rows not recorded: the ledger's "
+                         "buffer was full while its store was down or slow",
+                         registry=REGISTRY)
+LEDGER_WRITE_ERRORS = Counter("rmgate_ledger_write_errors", "Ledger batches the store "
+                              "refused (kept and retried)", registry=REGISTRY)
+LEDGER_BUFFERED = Gauge("rmgate_ledger_buffered", "Rows waiting for the ledger's writer",
+                        registry=REGISTRY)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 

@@ -7,6 +7,7 @@ a layer reaches one it must not. The layers, bottom to top (docs/design.md, "Lay
   typed results, the transport protocol, the config schema). pydantic and the stdlib only.
 * ``gateway.observability``: Prometheus metrics.
 * ``gateway.transport``: reaching engines (slot directory, gates, engine clients).
+* ``gateway.ledger``: the reward ledger's stores and its writer (SQLite, PostgreSQL).
 * ``gateway.http``: the FastAPI app (routers, auth, error rendering, headers).
 * ``deployments.engine`` / ``deployments.demo``: the vLLM process, its arguments, self-test,
   fingerprint; the demo models.
@@ -38,6 +39,9 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "gateway.observability": ({"gateway.core"}, HEAVY - {"prometheus_client"}),
     "gateway.transport": ({"gateway.core", "gateway.observability"},
                           {"fastapi", "starlette", "uvicorn", "ray", "vllm", "torch", "typer"}),
+    "gateway.ledger": ({"gateway.core", "gateway.observability"},
+                       {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm",
+                        "torch", "typer"}),
     "gateway.http": ({"gateway.core", "gateway.observability"},
                      {"ray", "aiohttp", "httpx", "vllm", "torch", "typer"}),
     "gateway.client": ({"gateway.core"},
@@ -51,9 +55,9 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
                           "typer"}),
     "deployments.slot": ({"gateway.core", "deployments.engine"},
                          {"fastapi", "aiohttp", "prometheus_client", "typer"}),
-    "gateway.serve": ({"gateway.core", "gateway.observability", "gateway.transport",
+    "gateway.serve": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger",
                        "gateway.http", "deployments.engine", "deployments.slot"}, {"typer"}),
-    "gateway.cli": ({"gateway.core", "gateway.observability", "gateway.transport",
+    "gateway.cli": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger",
                      "gateway.http", "gateway.serve", "gateway.client", "deployments.engine",
                      "deployments.slot", "deployments.demo"}, set()),
     "gateway.harness": ({"gateway.core", "deployments.engine"},

@@ -1,0 +1,117 @@
+"""Recording off the request path: a bounded buffer and one writer task.
+
+``record`` never blocks and never fails a request: it appends to a buffer. One task per
+ingress process flushes the buffer in batches, every ``flush_interval_s`` or as soon as a
+batch is full, running the store's blocking write in a thread. When the store is slow or
+unreachable the rows stay buffered (in order) and the writer tries again; past
+``max_buffered`` rows a new row is dropped and counted (``rmgate_ledger_rows_dropped_total``
+and a log line), never a request. ``aclose`` (a clean shutdown) flushes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Protocol, Sequence
+
+from gateway.core.ledger_row import LedgerRow
+from gateway.observability import metrics
+
+logger = logging.getLogger("rmgate")
+
+
+class LedgerStore(Protocol):
+    """Where rows go (``SqliteLedger``, the PostgreSQL store): blocking calls."""
+
+    def write(self, rows: Sequence[LedgerRow]) -> None: ...
+
+    def get(self, identity: str) -> LedgerRow | None: ...
+
+    def close(self) -> None: ...
+
+
+class LedgerWriter:
+    """Buffers rows and writes them in batches from one task."""
+
+    def __init__(self, store: LedgerStore, *, max_buffered: int = 100_000,
+                 batch_rows: int = 512, flush_interval_s: float = 0.2,
+                 retry_s: float = 1.0) -> None:
+        self.store = store
+        self.max_buffered = max_buffered
+        self.batch_rows = batch_rows
+        self.flush_interval_s = flush_interval_s
+        self.retry_s = retry_s
+        self._buffer: deque[LedgerRow] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.dropped = 0
+        self.written = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def record(self, row: LedgerRow) -> None:
+        """Queue ``row`` for the next batch (dropped and counted past the bound)."""
+        if len(self._buffer) >= self.max_buffered:
+            self.dropped += 1
+            metrics.LEDGER_DROPPED.inc()
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.error("ledger: buffer full (%d rows, the store is not keeping up); "
+                             "%d rows not recorded so far", self.max_buffered, self.dropped)
+            return
+        self._buffer.append(row)
+        metrics.LEDGER_BUFFERED.set(len(self._buffer))
+        if len(self._buffer) >= self.batch_rows:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Start the writer task in the running loop (once)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not await self.flush():
+                await asyncio.sleep(self.retry_s)  # the store is down: keep the rows, wait
+
+    async def flush(self) -> bool:
+        """Write what is buffered, batch by batch; False when the store refused a batch
+        (its rows stay at the front of the buffer, in order)."""
+        while self._buffer:
+            batch = [self._buffer.popleft()
+                     for _ in range(min(self.batch_rows, len(self._buffer)))]
+            try:
+                await asyncio.to_thread(self.store.write, batch)
+            except Exception as exc:  # noqa: BLE001 - any store failure: keep the rows
+                self._buffer.extendleft(reversed(batch))
+                metrics.LEDGER_WRITE_ERRORS.inc()
+                logger.warning("ledger: write of %d rows failed (%s: %s); %d rows buffered, "
+                               "retrying", len(batch), type(exc).__name__, exc,
+                               len(self._buffer))
+                return False
+            finally:
+                metrics.LEDGER_BUFFERED.set(len(self._buffer))
+            self.written += len(batch)
+            metrics.LEDGER_WRITTEN.inc(len(batch))
+        return True
+
+    async def aclose(self) -> None:
+        """Stop the task, write what is left (one last try), close the store."""
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:  # let a batch in progress finish (its thread cannot stop)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), self.retry_s + 5.0)
+            except TimeoutError:
+                self._task.cancel()
+        if not await self.flush():
+            logger.error("ledger: %d rows could not be written at shutdown", len(self._buffer))
+        await asyncio.to_thread(self.store.close)
