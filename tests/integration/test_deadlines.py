@@ -69,13 +69,15 @@ def test_a_stalled_slot_answers_504_at_the_deadline(gateway):
 
 
 def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
-    """Three judge requests for 1,000 tokens each (about 2 s here, x-rmgate-timeout 1 s),
-    each client closing its socket after 0.5 s. The gateway stops waiting and closes the
-    engine request, which makes vLLM abort it: its engine generates no more tokens for it
-    (left alone each would reach 1,000). Serve's direct ingress passes most disconnects
-    on within 0.1 s but misses some (about 1 in 8, measured; the same app under plain
-    uvicorn saw 16 of 16): those end at their deadline instead, which is why a trainer's
-    timeout travels with every request (``x-rmgate-timeout``, sent by ``RewardClient``)."""
+    """Judge requests for 8 x 1,000 tokens each (``n: 8``; 16 s of generation here,
+    x-rmgate-timeout 4 s), each client closing its socket after 1.5 s. The gateway notices
+    (mostly), stops waiting and closes its engine request, which makes vLLM abort it: the
+    engine stops generating long before 8,000 tokens. Closing a connection is not a sure
+    signal under load, at any hop: HAProxy and Serve's direct ingress miss about 1 in 5
+    client closes until the answer is written (HAProxy's own abort counter agrees), and
+    vLLM's server misses some of the gateway's; the request's deadline still ends the
+    gateway's wait. So: up to six attempts; at least one disconnect noticed and counted,
+    at least two engine requests stopped early, and nothing running at the end."""
     url, _ = gateway
     ports = [engine_port(_engines(), f"judge-{s}") for s in (0, 1)]
 
@@ -85,21 +87,31 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
     disconnects = metric_total(url, "rmgate_client_disconnects_total")
     aborted = metric_total(url, "rmgate_engine_requests_aborted_total")
     host, port = url.removeprefix("http://").split(":")
-    for attempt in range(3):
+    early: list[float] = []
+    late: list[float] = []
+    for attempt in range(6):
         before = generated()
-        body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True,
+        body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
                            "seed": 70 + attempt,
                            "messages": [{"role": "user", "content": "a long answer, please"}]})
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}"
-                         f"\r\nx-rmgate-timeout: 1\r\n\r\n{body}".encode())
-            time.sleep(0.5)  # (polling the engine's metrics now would be slowed by its work)
-        time.sleep(1.0)
-        ended = generated()
-        time.sleep(1.0)
-        assert generated() == ended, "the engine kept generating for a client that left"
-        assert 0 < ended - before < 700, ended - before
-        assert sum(engine_metric(p, "vllm:num_requests_running") for p in ports) == 0
-    assert metric_total(url, "rmgate_engine_requests_aborted_total") == aborted + 3
-    assert metric_total(url, "rmgate_client_disconnects_total") - disconnects >= 1
+                         f"\r\nx-rmgate-timeout: 4\r\n\r\n{body}".encode())
+            time.sleep(1.5)
+        stopped = now = None
+        for _ in range(20):  # until the engines' token counts hold still for a second
+            time.sleep(1.0)
+            now = generated()
+            if now == stopped:
+                break
+            stopped = now
+        assert now == stopped and stopped is not None, "the engines never went quiet"
+        (early if 0 < stopped - before < 4000 else late).append(stopped - before)
+        noticed = metric_total(url, "rmgate_client_disconnects_total") - disconnects
+        if noticed >= 1 and len(early) >= 2:
+            break
+    assert noticed >= 1, "no client disconnect was noticed"
+    assert len(early) >= 2, (early, late)  # tokens per attempt: 8,000 when not aborted
+    assert sum(engine_metric(p, "vllm:num_requests_running") for p in ports) == 0
+    assert metric_total(url, "rmgate_engine_requests_aborted_total") - aborted >= len(early)
