@@ -159,3 +159,32 @@ def test_kill_9_under_load_leaves_a_sound_database_with_every_flushed_row(tmp_pa
     assert store.integrity_ok()
     assert store.count() >= written  # every batch the writer saw committed is there
     store.close()
+
+
+def test_recent_rows_keep_the_most_recently_used():
+    from gateway.ledger.ledger import RecentRows
+
+    recent = RecentRows(2)
+    a, b, c = row(1), row(2), row(3)
+    recent.put(a)
+    recent.put(b)
+    assert recent.get(a.identity) == a  # a is now the most recent
+    recent.put(c)
+    assert recent.get(b.identity) is None and recent.get(a.identity) == a and len(recent) == 2
+    assert recent.forget("rm", "other") == 0 and recent.forget("rm") == 2
+
+
+async def test_a_recorded_answer_is_found_in_memory_then_in_the_store(tmp_path):
+    from gateway.ledger.ledger import Ledger
+
+    store = SqliteLedger(tmp_path / "ledger.sqlite")
+    writer = LedgerWriter(store, flush_interval_s=0.01)
+    ledger = Ledger(store, writer, recent=10)
+    first = row(1)
+    ledger.record(first)
+    assert await ledger.lookup(first.identity) == first  # before any batch is written
+    await writer.flush()
+    cold = Ledger(store, writer, recent=10)  # a new process: nothing in memory
+    assert await cold.lookup(first.identity) == first
+    assert await cold.lookup("f" * 64) is None
+    await writer.aclose()
