@@ -38,8 +38,8 @@ import httpx
 import yaml
 
 from benchmarks.side_by_side import answer, load
-from deployments.engine.args import SECRET_ENV
 from gateway.harness.cluster import Node, local_cluster, rmgate_on_cluster
+from gateway.harness.processes import engine_secret_headers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,15 +78,11 @@ def engines_of(url: str) -> tuple[list[str], dict[str, dict[str, str]]]:
     card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
     urls, headers = [], {}
     for where in card["nodes"]:
-        proc = Path(f"/proc/{where['engine_pid']}")
-        env = (proc / "environ").read_bytes().split(b"\0")
-        secret = next(e.split(b"=", 1)[1].decode() for e in env
-                      if e.startswith(SECRET_ENV.encode() + b"="))
-        argv = (proc / "cmdline").read_bytes().decode().split("\0")
+        argv = Path(f"/proc/{where['engine_pid']}/cmdline").read_bytes().decode().split("\0")
         port = argv[argv.index("--port") + 1]
         u = f"http://{where['engine_host']}:{port}"
         urls.append(u)
-        headers[u] = {"authorization": f"Bearer {secret}"}
+        headers[u] = engine_secret_headers(port)
     return urls, headers
 
 
