@@ -19,7 +19,6 @@ from gateway.core.errors import DeadlineExceeded, EngineRejected
 from gateway.core.placement import Placement
 from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
-from gateway.http.disconnect import ClientDisconnected, unless_disconnected
 from gateway.observability import metrics
 from tests.unit.test_routing import FakeClock, FakeHandle, transport
 
@@ -117,38 +116,48 @@ async def test_all_or_cancel_raises_the_first_failure_itself():
     assert await all_or_cancel([asyncio.sleep(0, result=i) for i in range(3)]) == [0, 1, 2]
 
 
-class _Request:
-    """What ``unless_disconnected`` reads of a request: ``receive``."""
+async def test_a_cancelled_handler_is_counted_and_its_engine_call_aborted():
+    """A client that leaves makes Serve cancel the handler (both of its HTTP paths do):
+    the gateway counts it (``rmgate_client_disconnects_total``, status 499) and the
+    cancellation reaches the engine call, whose connection closes."""
+    from gateway.http.app import create_app
 
-    def __init__(self, leaves_after_s: float | None) -> None:
-        self.leaves_after_s = leaves_after_s
+    entered = asyncio.Event()
 
-    async def receive(self) -> dict:
-        if self.leaves_after_s is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self.leaves_after_s)
-        return {"type": "http.disconnect"}
+    async def stalled(request: httpx.Request) -> httpx.Response:
+        entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
+    gw, _ = gateway_over(stalled)
+    app = create_app(gw)
+    body = json.dumps({"model": "rm", "input": "x"}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
 
-async def test_a_client_that_leaves_cancels_the_work():
-    cancelled = asyncio.Event()
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
-    async def work() -> str:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return "late"
+    async def send(message: dict) -> None:
+        raise AssertionError(f"nothing is sent to a client that left: {message}")
 
-    start = time.monotonic()
-    with pytest.raises(ClientDisconnected):
-        await unless_disconnected(_Request(0.05), work())  # type: ignore[arg-type]
-    assert cancelled.is_set() and time.monotonic() - start < 1
-
-
-async def test_a_client_that_stays_gets_the_result():
-    assert await unless_disconnected(_Request(None), asyncio.sleep(0.01, "ok")) == "ok"  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "path": "/classify", "raw_path": b"/classify",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")],
+             "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 1),
+             "client": ("127.0.0.1", 2), "root_path": ""}
+    gone = metrics.CLIENT_DISCONNECTS.labels("/classify")._value.get()
+    closed = metrics.REQUESTS.labels("", "/classify", "499")._value.get()
+    before = aborted("cancelled")
+    handler = asyncio.ensure_future(app(scope, receive, send))
+    await asyncio.wait_for(entered.wait(), 5)
+    handler.cancel()  # what Serve does when the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    assert metrics.CLIENT_DISCONNECTS.labels("/classify")._value.get() == gone + 1
+    assert metrics.REQUESTS.labels("", "/classify", "499")._value.get() == closed + 1
+    assert aborted("cancelled") == before + 1
 
 
 def test_the_deadline_counts_down_on_its_clock():

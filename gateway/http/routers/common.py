@@ -1,6 +1,11 @@
 """The thin part every engine-shaped handler shares: read the body, set the request's one
-deadline, call the core (cancelled when the client goes away), render the typed result (or
-the error) and record the metrics."""
+deadline, call the core, render the typed result (or the error) and record the metrics.
+
+A client that goes away cancels the handler: Ray Serve does it on both HTTP paths (its
+direct ingress races the handler against ``http.disconnect`` and cancels it,
+``ray/serve/_private/replica.py``; its Python proxy cancels the request), so the handler
+does not listen a second time; it counts the cancellation, and the cancellation closes
+the engine connections under it, which makes vLLM abort their requests."""
 
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ from gateway.core.results import GatewayResult
 from gateway.core.service import RewardGateway
 from gateway.http.auth import get_gateway
 from gateway.http.body import read_body, request_timeout
-from gateway.http.disconnect import ClientDisconnected, unless_disconnected
 from gateway.http.errors import error_response
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
@@ -43,7 +47,7 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         gateway = get_gateway(request)
         deadline = gateway.deadline(request_timeout(request))  # the request's one deadline
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
-        result = await unless_disconnected(request, call(gateway, raw, deadline))
+        result = await call(gateway, raw, deadline)
         model = result.model
         if result.seed_derived:
             metrics.SEEDS_DERIVED.labels(model).inc()
@@ -53,12 +57,10 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
     except RmgateError as err:
         model = err.routed.model if err.routed is not None else ""
         response = error_response(err)
-    except (ClientDisconnected, asyncio.CancelledError) as gone:
-        # the work is cancelled: its engine requests are aborted (counted per slot)
+    except asyncio.CancelledError:
+        # Serve cancelled the handler: its client left (engine requests aborted, per slot)
         metrics.CLIENT_DISCONNECTS.labels(endpoint).inc()
         metrics.record_request(model, endpoint, CLIENT_CLOSED, time.monotonic() - start)
-        if isinstance(gone, asyncio.CancelledError):
-            raise  # Serve cancelled the handler itself
-        return Response(status_code=CLIENT_CLOSED)
+        raise
     metrics.record_request(model, endpoint, response.status_code, time.monotonic() - start)
     return response
