@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from deployments.engine.process import free_port
-from gateway.harness.processes import engine_secret_headers, stop_process_group
+from gateway.harness.processes import engine_headers_for, stop_process_group
 from gateway.harness.running import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def main() -> None:
         engine_port = engine_log.stem.rsplit('-', 1)[1]
         engine_url = f"http://127.0.0.1:{engine_port}"
         paths = {"engine": engine_url, "rmgate-direct": url, "rmgate-handle": url + "/handle"}
-        auth = {engine_url: engine_secret_headers(engine_port)}
+        auth = engine_headers_for(paths.values())  # the engine its secret, the gateway no cache
         times: dict[str, list[float]] = {k: [] for k in paths}
         with httpx.Client(timeout=60) as client:
             for i in range(n + 10):

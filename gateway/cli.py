@@ -332,6 +332,11 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
     raise typer.Exit(0 if all(v.ok for v in verdicts) else 1)
 
 
+from gateway.cli_ledger import ledger_app  # noqa: E402 - the `rmgate ledger` commands
+
+app.add_typer(ledger_app, name="ledger")
+
+
 def in_checkout() -> bool:
     """True when this module runs from a source checkout (editable install or the tree)."""
     return (REPO_ROOT / "pyproject.toml").is_file() and DEMO_CONFIG.is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ MODELS = REPO / "models" / "demo"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# the gateways a test starts keep their SQLite ledgers here, never in the user's state dir
+os.environ.setdefault("RMGATE_STATE_DIR", tempfile.mkdtemp(prefix="rmgate-test-state-"))
 
 
 @pytest.fixture(scope="session")

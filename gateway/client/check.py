@@ -108,9 +108,12 @@ class Result:
 async def replay(url: str, calls: list[Call], order: list[int], concurrency: int,
                  timeout_s: float = 600, progress: Any = None,
                  headers: dict[str, str] | None = None) -> dict[int, Result]:
-    """Send ``calls`` in ``order`` with at most ``concurrency`` in flight; results by index."""
+    """Send ``calls`` in ``order`` with at most ``concurrency`` in flight; results by index.
+    Every request asks for an engine's answer (``x-rmgate-cache: off``): a check of bits
+    answered from the ledger would prove nothing about the engines."""
     sem = asyncio.Semaphore(concurrency)
     results: dict[int, Result] = {}
+    headers = {**(headers or {}), "x-rmgate-cache": "off"}
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, headers=headers,
                                  limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         async def one(i: int) -> None:

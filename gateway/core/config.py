@@ -212,6 +212,62 @@ class ModelSpec(BaseModel):
         return normalize_engine_args(v)
 
 
+def default_state_dir() -> str:
+    """Where the ledger lives unless the config says: ``$RMGATE_STATE_DIR``, else
+    ``$XDG_STATE_HOME/rmgate``, else ``~/.local/state/rmgate`` (the XDG state directory)."""
+    explicit = os.environ.get("RMGATE_STATE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join("~", ".local", "state")
+    return os.path.join(base, "rmgate")
+
+
+class LedgerSettings(BaseModel):
+    """The reward ledger (``gateway.ledger``): every answered engine request recorded with
+    its provenance, and the store the cache answers from."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["sqlite", "postgres", "off"] = Field(
+        default="sqlite", description="`sqlite`: one file under `state_dir` (several ingress "
+        "replicas of one host share it); `postgres`: a PostgreSQL server (`dsn`/`dsn_env`), "
+        "for several hosts or a team; `off`: nothing recorded, no receipts, no cache.")
+    state_dir: str | None = Field(
+        default=None, description="SQLite: the directory of `ledger.sqlite3`. Unset: "
+        "`$RMGATE_STATE_DIR`, else `$XDG_STATE_HOME/rmgate`, else `~/.local/state/rmgate`, "
+        "as the ingress process sees them (a pod's own home on KubeRay).")
+    dsn: str | None = Field(default=None, description="PostgreSQL: a libpq connection string "
+                            "(`postgresql://user@host:5432/db`). Prefer `dsn_env` for one "
+                            "with a password: the rendered config is written to disk.")
+    dsn_env: str = Field(default="RMGATE_LEDGER_DSN", description="PostgreSQL: the "
+                         "environment variable read for the DSN when `dsn` is not set.")
+    keep_bodies: bool = Field(default=True, description="Record each canonical engine body "
+                              "(needed by `rmgate ledger replay`); false keeps only its "
+                              "sha256.")
+    memory_rows: int = Field(default=100_000, ge=0, description="Rows kept in memory in front "
+                             "of the store (LRU): a hit there costs no database read.")
+    max_buffered: int = Field(default=100_000, ge=1, description="Rows waiting for the writer "
+                              "at most (a slow or unreachable store); past it rows are dropped "
+                              "and counted (`rmgate_ledger_rows_dropped_total`), never a "
+                              "request.")
+    flush_interval_s: float = Field(default=0.2, gt=0, description="The writer writes what "
+                                    "is buffered at least this often: what a crash "
+                                    "(`kill -9`) can lose.")
+    batch_rows: int = Field(default=512, ge=1, description="Rows per write transaction.")
+    retention_days: float | None = Field(default=None, gt=0, description="Rows older than "
+                                         "this are deleted (at start and hourly); none: "
+                                         "kept.")
+    retention_rows: int | None = Field(default=None, gt=0, description="At most this many "
+                                       "rows are kept, the oldest deleted first; none: all.")
+
+    def sqlite_path(self) -> Path:
+        """The SQLite file, resolved where it is opened (``~`` expanded)."""
+        return Path(os.path.expanduser(self.state_dir or default_state_dir())) / "ledger.sqlite3"
+
+    def resolved_dsn(self) -> str | None:
+        return self.dsn or os.environ.get(self.dsn_env) or None
+
+
+
 class GatewaySettings(BaseModel):
     """Ingress-wide settings."""
 
@@ -280,6 +336,13 @@ class GatewaySettings(BaseModel):
     #: to it from this side (OpenRLHF's RM server truncates with its tokenizer, right by
     #: default) instead of answering 400.
     get_reward_truncation_side: Literal["left", "right"] = "right"
+    cache: Literal["on", "off"] = Field(
+        default="on", description="`on`: a request whose identity (model, numerics class, "
+        "endpoint, canonical engine body) the ledger holds is answered from it without an "
+        "engine call, and identical requests in flight at once make one call. A request may "
+        "send `x-rmgate-cache: off` to reach an engine anyway. Models with `determinism: "
+        "off` are never answered from the cache.")
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
     #: from this environment variable (comma separated) and/or file (one per line). With no
     #: key configured, auth is off. ``/health`` and ``/metrics`` stay open.

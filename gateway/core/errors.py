@@ -131,6 +131,14 @@ class InvalidSlotCounts(RmgateError):
     status, code = 400, "invalid_slot_counts"
 
 
+class ReceiptNotFound(RmgateError):
+    status, code = 404, "receipt_not_found"
+
+
+class LedgerOff(RmgateError):
+    status, code = 404, "ledger_off"
+
+
 class RouteNotFound(RmgateError):
     status, code = 404, "not_found"
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class LedgerRow:
     latency_s: float
     recorded_at: float
 
+    def readable(self) -> "LedgerRow":
+        """This row with ``score`` and ``text`` read from its answer (the writer does it,
+        off the request path)."""
+        if self.score is not None or self.text is not None:
+            return self
+        score, text = readable_values(self.endpoint, self.answer)
+        return replace(self, score=score, text=text)
+
     def as_dict(self, with_answer: bool = True) -> dict[str, object]:
         """The row as JSON-ready values (bytes as UTF-8 text; ``GET /v1/ledger/{receipt}``)."""
         out: dict[str, object] = {
@@ -42,3 +51,19 @@ class LedgerRow:
         if with_answer:
             out["answer"] = self.answer.decode("utf-8", "replace")
         return out
+
+
+def readable_values(endpoint: str, answer: bytes) -> tuple[float | None, str | None]:
+    """What a consumer reads from an engine answer: a classifier's score (the last probs
+    value of the last item, as ``/v1/rewards`` reads it) or a generation's text."""
+    try:
+        payload = json.loads(answer)
+        if endpoint in ("/classify", "/pooling"):
+            probs = payload["data"][-1].get("probs")
+            return (float(probs[-1]) if isinstance(probs, list) and probs else None), None
+        choice = payload["choices"][0]
+        if endpoint == "/v1/chat/completions":
+            return None, choice["message"].get("content")
+        return None, choice.get("text")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None, None

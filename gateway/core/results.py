@@ -29,6 +29,12 @@ class Route:
     #: Why a class mate answered: ``load`` (bounded load), ``drained`` (the key's own slot
     #: is outside the majority class), ``unavailable`` (it did not answer); None otherwise.
     placement_reason: str | None = None
+    #: The reward's identity in the ledger (``gateway.core.identity``), its receipt; None
+    #: when it has none (no ledger, or the answering slot's class is unknown).
+    receipt: str | None = None
+    #: ``hit`` (answered from the ledger), ``shared`` (an identical request's engine call
+    #: in flight answered it), ``miss`` (its own engine call); None: no cache.
+    cache: str | None = None
 
     @property
     def failed_over(self) -> bool:
@@ -82,6 +88,20 @@ class GatewayResult:
         """``(own slot, answering slot, reason)`` of every item a class mate answered."""
         return [(r.slot, r.answered_by, r.placement_reason or "") for r in self.routes
                 if r.placed_away]
+
+    @property
+    def receipts(self) -> list[str]:
+        """Per item, its receipt ("" where it has none)."""
+        return [r.receipt or "" for r in self.routes]
+
+    @property
+    def cache(self) -> str | None:
+        """``hit`` when every item was a hit, ``miss`` when any made its own engine call,
+        else ``shared``; None when no item went through the cache."""
+        outcomes = {r.cache for r in self.routes if r.cache}
+        if not outcomes:
+            return None
+        return "miss" if "miss" in outcomes else ("shared" if "shared" in outcomes else "hit")
 
     @property
     def numerics_classes(self) -> list[str]:

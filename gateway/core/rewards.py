@@ -70,6 +70,11 @@ def _route_detail(result: GatewayResult) -> dict[str, Any]:
         detail["numerics_class"] = result.numerics_classes[-1]
     if result.seed is not None:
         detail["seed"] = result.seed
+    receipts = result.receipts
+    if receipts and receipts[-1]:
+        detail["receipt"] = receipts[-1]
+    if result.cache is not None:
+        detail["cache"] = result.cache
     return detail
 
 
@@ -89,8 +94,11 @@ def _routes(scored: list[Scored]) -> tuple[Route, ...]:
 class RewardScorer:
     """Turns (prompt, response, label) items into rewards with the configured models."""
 
-    def __init__(self, gateway: RewardGateway, deadline: Deadline | None = None) -> None:
+    def __init__(self, gateway: RewardGateway, deadline: Deadline | None = None,
+                 use_cache: bool = True) -> None:
         self.gateway = gateway
+        #: False: every item reaches an engine (the request sent ``x-rmgate-cache: off``).
+        self.use_cache = use_cache
         #: The request's one deadline: every item's engine request ends by it.
         self.deadline = deadline or gateway.deadline()
 
@@ -103,7 +111,7 @@ class RewardScorer:
     async def _call(self, path: str, body: dict[str, Any], index: int) -> GatewayResult:
         call = self.gateway.generate if path == "/v1/chat/completions" else self.gateway.pool
         try:
-            return await call(path, canonical_json(body), self.deadline)
+            return await call(path, canonical_json(body), self.deadline, self.use_cache)
         except RmgateError as err:
             raise err.for_item(index)
 

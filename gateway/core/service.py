@@ -29,6 +29,7 @@ from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, Comp
                                     EmbeddingRequest, ModelCard, ModelList)
 from gateway.core.requests import normalize_activation, parse_json_object, split_inputs, validate
 from gateway.core.results import GatewayResult, Route
+from gateway.core.reuse import Ask, RewardLedger, RewardReuse
 from gateway.core.scoring import make_parser
 from gateway.core.slots import SlotTable
 from gateway.core.transport import EngineReply, Transport
@@ -63,7 +64,7 @@ class RewardGateway:
     """Routes requests for the configured models over ``transport``."""
 
     def __init__(self, config: AppConfig, transport: Transport,
-                 slots: SlotTable | None = None) -> None:
+                 slots: SlotTable | None = None, ledger: RewardLedger | None = None) -> None:
         self.config = config
         self.transport = transport
         #: OpenAI's ``created`` of every /v1/models entry.
@@ -77,6 +78,10 @@ class RewardGateway:
         #: Score parsers per model, built once (not per /v1/rewards request).
         self.parsers: dict[str, Callable[[str], float | None]] = {
             m.name: make_parser(m.scorer) for m in config.models}
+        #: The ledger's cache and recording (None: no ledger, nothing recorded).
+        self.reuse = (RewardReuse(ledger, config.gateway.ledger.keep_bodies)
+                      if ledger is not None else None)
+        self.cache_on = config.gateway.cache == "on"
 
     def set_slot_counts(self, counts: dict[str, Any]) -> dict[str, int]:
         """Route each named model over its new count from now on (a scale event). Checked
@@ -112,23 +117,41 @@ class RewardGateway:
                             f"({[m.name for m in candidates]}){hint}", param="model")
 
     # ---- one engine request -----------------------------------------------------------
+    async def _answer(self, spec: ModelSpec, key: int, path: str, body: bytes,
+                      deadline: Deadline, seed: int | None = None,
+                      use_cache: bool = True) -> tuple[Route, EngineReply]:
+        """The answer to one canonical engine body: from the ledger or an identical call in
+        flight when the cache may answer (``gateway.core.reuse``), else the engine's, and
+        recorded. Nothing waits past ``deadline``: a last-resort guard answers 504
+        ``GUARD_MARGIN_S`` after it whatever happened (the transport ends its own waits
+        at the deadline)."""
+        placement = self.placement(spec, key)
+        call = lambda: self._post_key(spec, key, path, body, deadline, placement)  # noqa: E731
+        try:
+            async with asyncio.timeout(deadline.remaining() + GUARD_MARGIN_S):
+                if self.reuse is None:
+                    return await call()
+                return await self.reuse.answer(Ask(
+                    spec.name, path, body, key, placement.numerics_class, seed,
+                    cacheable=use_cache and self.cache_on and spec.determinism != "off"),
+                    call)
+        except TimeoutError:
+            raise deadline.exceeded(f"routing it to {spec.name}'s slots") from None
+
     async def _post_key(self, spec: ModelSpec, key: int, path: str, body: bytes,
-                        deadline: Deadline) -> tuple[Route, EngineReply]:
+                        deadline: Deadline, placement: Placement | None = None
+                        ) -> tuple[Route, EngineReply]:
         """Send to the key's placement; when a scale-down removes the slot under the
         request, place it again under the new count (same bits: homogeneous replicas), and
         when a chosen class mate turned out to be of another class now, place it again
-        under the slots' current classes. The transport ends every wait at ``deadline``;
-        a last-resort guard answers 504 ``GUARD_MARGIN_S`` after it whatever happened."""
+        under the slots' current classes."""
         for _ in range(MAX_REROUTES):
-            placement = self.placement(spec, key)
+            placement = placement or self.placement(spec, key)
             try:
-                async with asyncio.timeout(deadline.remaining() + GUARD_MARGIN_S):
-                    reply = await self.transport.post(spec.name, placement, path, body,
-                                                      deadline)
-            except TimeoutError:
-                raise deadline.exceeded(f"routing it to {spec.name}'s slots") from None
+                reply = await self.transport.post(spec.name, placement, path, body, deadline)
             except SlotRemoved as exc:
                 logger.info("%s; routing %s again", exc, key_hex(key))
+                placement = None
                 continue
             reason = None
             if placement.within_class and reply.slot != placement.home:
@@ -151,7 +174,13 @@ class RewardGateway:
                                   load_bound=settings.load_bound,
                                   service_s=view.service_s
                                   if settings.load_weight == "answer_time" else None)
-        return place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
+        pinned = place(key, n, settings.failover, settings.slot_wait_s,
+                       settings.failover_after_s)
+        if self.reuse is None:
+            return pinned
+        # the class its own slot reports: what names the reward in the ledger
+        home_class = self.transport.slot_view(spec.name, n).classes.classes[pinned.home]
+        return dataclasses.replace(pinned, numerics_class=home_class)
 
     def deadline(self, timeout_s: float | None = None) -> Deadline:
         """A request's one deadline, set at its arrival: ``timeout_s`` (the client's
@@ -160,8 +189,8 @@ class RewardGateway:
         return Deadline.after(limit if timeout_s is None else min(timeout_s, limit))
 
     # ---- generative -------------------------------------------------------------------
-    async def generate(self, path: str, raw: bytes,
-                       deadline: Deadline | None = None) -> GatewayResult:
+    async def generate(self, path: str, raw: bytes, deadline: Deadline | None = None,
+                       use_cache: bool = True) -> GatewayResult:
         deadline = deadline or self.deadline()
         body = parse_json_object(raw)
         req = validate(GENERATE_ENDPOINTS[path], body)
@@ -188,8 +217,8 @@ class RewardGateway:
             engine_body["seed"] = seed
         engine_body.pop("stream", None)
         engine_body.pop("stream_options", None)
-        route, reply = await self._post_key(spec, key, path, canonical_json(engine_body),
-                                            deadline)
+        route, reply = await self._answer(spec, key, path, canonical_json(engine_body),
+                                          deadline, seed, use_cache)
         result = GatewayResult(model=spec.name, body=reply.body, key=key, routes=(route,),
                                seed=seed, seed_derived=derived, endpoint=path,
                                max_tokens_clamped=clamped)
@@ -201,8 +230,8 @@ class RewardGateway:
         return result
 
     # ---- discriminative ---------------------------------------------------------------
-    async def pool(self, path: str, raw: bytes,
-                   deadline: Deadline | None = None) -> GatewayResult:
+    async def pool(self, path: str, raw: bytes, deadline: Deadline | None = None,
+                   use_cache: bool = True) -> GatewayResult:
         deadline = deadline or self.deadline()
         body = normalize_activation(parse_json_object(raw))
         req = validate(ClassifyRequest, body)
@@ -223,8 +252,8 @@ class RewardGateway:
 
         async def item(index: int, item_body: dict[str, Any], key: int
                        ) -> tuple[Route, EngineReply]:
-            route, reply = await self._post_key(spec, key, path, canonical_json(item_body),
-                                                deadline)
+            route, reply = await self._answer(spec, key, path, canonical_json(item_body),
+                                              deadline, use_cache=use_cache)
             if reply.status != 200:  # fails the request now: its siblings are cancelled
                 err = self._engine_error(reply, GatewayResult(
                     model=spec.name, key=whole, routes=(route,), endpoint=path))
@@ -243,13 +272,14 @@ class RewardGateway:
         return GatewayResult(model=spec.name, body=body_out, key=whole, routes=routes,
                              endpoint=path)
 
-    async def embed(self, raw: bytes, deadline: Deadline | None = None) -> GatewayResult:
+    async def embed(self, raw: bytes, deadline: Deadline | None = None,
+                    use_cache: bool = True) -> GatewayResult:
         """``/v1/embeddings`` for a DisRM: its ``/classify`` request with raw logits
         (``gateway.core.embeddings``), answered in OpenAI's embeddings shape."""
         req = validate(EmbeddingRequest, parse_json_object(raw))
         spec = self.resolve_model(req.model, "discriminative")
         pooled = await self.pool("/classify", canonical_json(classify_body(req, spec.name)),
-                                 deadline)
+                                 deadline, use_cache)
         return dataclasses.replace(pooled, endpoint="/v1/embeddings", body=embeddings_from_classify(
             pooled.body, spec.name, req.encoding_format))
 

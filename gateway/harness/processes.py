@@ -79,18 +79,22 @@ def engine_secret_headers(port: int | str) -> dict[str, str]:
 
 
 def engine_headers_for(urls: Iterable[str]) -> dict[str, dict[str, str]]:
-    """``{url: header}`` for each of ``urls`` that is a local rmgate engine (found by its
-    port); other URLs (a gateway, a plain vLLM server) are left out."""
+    """``{url: headers}`` for load sent to each of ``urls``: a local rmgate engine (found by
+    its port) gets its secret; any other URL (a gateway, a plain vLLM server)
+    ``x-rmgate-cache: off``, so that a benchmark's repeated requests measure the engines'
+    path, not the ledger's answers (a plain vLLM server ignores the header)."""
     out = {}
     for url in urls:
         port = urlsplit(url).port
-        if port is None:
-            continue
         try:
-            out[url] = engine_secret_headers(port)
+            out[url] = engine_secret_headers(port) if port is not None else dict(NO_CACHE)
         except (LookupError, OSError):
-            continue
+            out[url] = dict(NO_CACHE)
     return out
+
+
+#: What benchmarks and checks send to a gateway to reach its engines on every request.
+NO_CACHE = {"x-rmgate-cache": "off"}
 
 
 def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:

@@ -18,14 +18,18 @@ from gateway.core.service import RewardGateway
 from gateway.http.auth import KEY_PATH_PREFIX
 from gateway.http.errors import install_error_handlers
 from gateway.http.routers import engine, ops, rewards
+from gateway.http.routers import ledger as ledger_routes
 
 VERSION = "0.1.0"
 
 
 def create_app(gateway: RewardGateway | None = None,
-               background: Sequence[Callable[[], Awaitable[Any]]] = ()) -> FastAPI:
+               background: Sequence[Callable[[], Awaitable[Any]]] = (),
+               ledger: Any = None) -> FastAPI:
     """The ingress app; without ``gateway`` it answers 503 until one is installed.
-    ``background`` coroutines (the canary) run while the app runs, cancelled at shutdown."""
+    ``background`` coroutines (the canary, the ledger's writer) run while the app runs,
+    cancelled at shutdown (the ledger flushes then). ``ledger`` answers
+    ``GET /v1/ledger/{receipt}``."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -41,8 +45,9 @@ def create_app(gateway: RewardGateway | None = None,
                   description="Deterministic reward-model gateway: the same request body "
                               "gives the same reward bits.")
     app.state.gateway = gateway
+    app.state.ledger = ledger
     install_error_handlers(app)
-    for make in (engine.router, rewards.router, ops.router):
+    for make in (engine.router, rewards.router, ledger_routes.router, ops.router):
         app.include_router(make())
         # the same routes under /keys/<key>/ (auth for clients that cannot send a header)
         app.include_router(make(), prefix=KEY_PATH_PREFIX, include_in_schema=False)

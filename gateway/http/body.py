@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from gateway.core.errors import BodyTooLarge, InvalidTimeout
-from gateway.http.headers import TIMEOUT_HEADER
+from gateway.http.headers import CACHE_HEADER, CACHE_OFF_VALUES, TIMEOUT_HEADER
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -36,3 +36,10 @@ def request_timeout(request: Request) -> float | None:
     if not 0 < value < float("inf"):
         raise InvalidTimeout(f"{TIMEOUT_HEADER} must be a positive number of seconds")
     return value
+
+
+def cache_allowed(request: Request) -> bool:
+    """False when the request sends ``x-rmgate-cache: off`` (``no-cache`` and ``bypass``
+    too): it wants an engine's answer, not the ledger's (``rmgate ledger replay`` sends
+    it). Any other value, or none, leaves the gateway's ``cache`` setting in charge."""
+    return request.headers.get(CACHE_HEADER, "").strip().lower() not in CACHE_OFF_VALUES

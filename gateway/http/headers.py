@@ -7,7 +7,9 @@
 ``x-rmgate-class`` (the answering slots' numerics classes) and ``x-rmgate-placement:
 <own>-><slot>:<reason>`` when a class mate answered (reason ``load``, ``drained`` or
 ``unavailable``; same bits by the class invariant), ``x-rmgate-max-tokens-clamped:
-max_tokens=<asked>-><sent>`` when a request asked for more tokens than the context holds.
+max_tokens=<asked>-><sent>`` when a request asked for more tokens than the context holds,
+``x-rmgate-receipt`` (each item's reward identity in the ledger, hex; ``GET
+/v1/ledger/{receipt}`` returns its row) and ``x-rmgate-cache: hit|shared|miss``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 from gateway.core.results import GatewayResult
 
 TIMEOUT_HEADER = "x-rmgate-timeout"
+#: Sent by a client: ``off`` asks for an engine's answer; answered: hit, shared or miss.
+CACHE_HEADER = "x-rmgate-cache"
+CACHE_OFF_VALUES = frozenset({"off", "no-cache", "bypass"})
 
 
 def result_headers(result: GatewayResult) -> dict[str, str]:
@@ -32,6 +37,10 @@ def result_headers(result: GatewayResult) -> dict[str, str]:
             headers["x-rmgate-class"] = ",".join(result.numerics_classes)
         if result.fingerprints:
             headers["x-rmgate-fingerprint"] = ",".join(result.fingerprints)
+        if any(result.receipts):
+            headers["x-rmgate-receipt"] = ",".join(result.receipts)
+        if result.cache is not None:
+            headers[CACHE_HEADER] = result.cache
     if result.seed is not None:
         headers["x-rmgate-seed"] = str(result.seed)
     if result.max_tokens_clamped is not None:

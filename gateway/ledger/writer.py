@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from typing import Protocol, Sequence
+from collections import Counter, deque
+from typing import Mapping, Protocol, Sequence
 
 from gateway.core.ledger_row import LedgerRow
 from gateway.observability import metrics
@@ -24,7 +24,8 @@ logger = logging.getLogger("rmgate")
 class LedgerStore(Protocol):
     """Where rows go (``SqliteLedger``, the PostgreSQL store): blocking calls."""
 
-    def write(self, rows: Sequence[LedgerRow]) -> None: ...
+    def write(self, rows: Sequence[LedgerRow],
+              counts: Mapping[tuple[str, str, str], int] | None = None) -> None: ...
 
     def get(self, identity: str) -> LedgerRow | None: ...
 
@@ -43,6 +44,8 @@ class LedgerWriter:
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
         self._buffer: deque[LedgerRow] = deque()
+        #: Cache outcomes per (model, class, outcome) not written yet.
+        self._counts: Counter[tuple[str, str, str]] = Counter()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -67,6 +70,10 @@ class LedgerWriter:
         if len(self._buffer) >= self.batch_rows:
             self._wake.set()
 
+    def count(self, model: str, numerics_class: str, outcome: str) -> None:
+        """Count one cache outcome (written with the next batch)."""
+        self._counts[(model, numerics_class, outcome)] += 1
+
     def start(self) -> None:
         """Start the writer task in the running loop (once)."""
         if self._task is None:
@@ -85,13 +92,15 @@ class LedgerWriter:
     async def flush(self) -> bool:
         """Write what is buffered, batch by batch; False when the store refused a batch
         (its rows stay at the front of the buffer, in order)."""
-        while self._buffer:
+        while self._buffer or self._counts:
             batch = [self._buffer.popleft()
                      for _ in range(min(self.batch_rows, len(self._buffer)))]
+            counts, self._counts = self._counts, Counter()
             try:
-                await asyncio.to_thread(self.store.write, batch)
+                await asyncio.to_thread(self.store.write, batch, counts)
             except Exception as exc:  # noqa: BLE001 - any store failure: keep the rows
                 self._buffer.extendleft(reversed(batch))
+                self._counts.update(counts)
                 metrics.LEDGER_WRITE_ERRORS.inc()
                 logger.warning("ledger: write of %d rows failed (%s: %s); %d rows buffered, "
                                "retrying", len(batch), type(exc).__name__, exc,

@@ -6,8 +6,13 @@ so nothing here is shared across replicas: scrape every ingress replica, or run 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterable
+
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                ProcessCollector, generate_latest)
+
+if TYPE_CHECKING:
+    from gateway.core.results import Route
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
@@ -62,6 +67,10 @@ LEDGER_WRITE_ERRORS = Counter("rmgate_ledger_write_errors", "Ledger batches the 
                               "refused (kept and retried)", registry=REGISTRY)
 LEDGER_BUFFERED = Gauge("rmgate_ledger_buffered", "Rows waiting for the ledger's writer",
                         registry=REGISTRY)
+CACHE = Counter("rmgate_cache", "Engine requests by how the ledger's cache answered them: "
+                "`hit` (from the ledger, no engine call), `shared` (an identical request's "
+                "call in flight), `miss` (its own engine call)", ["model", "outcome"],
+                registry=REGISTRY)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 
@@ -93,3 +102,10 @@ def record_request(model: str, endpoint: str, status: int, seconds: float | None
     REQUESTS.labels(model, endpoint, str(status)).inc()
     if seconds is not None:
         REQUEST_SECONDS.labels(model, endpoint).observe(seconds)
+
+
+def record_cache(model: str, routes: "Iterable[Route]") -> None:
+    """How the cache answered each engine request of one answered request."""
+    for route in routes:
+        if route.cache is not None:
+            CACHE.labels(model, route.cache).inc()

@@ -22,6 +22,7 @@ from gateway.core.errors import InvalidSlotCounts
 from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
+from gateway.ledger.ledger import Ledger
 from gateway.serve.canary import Canary
 from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
                                     slot_app_name)
@@ -77,11 +78,25 @@ class Gateway:
             handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
         self.slots = SlotTable.from_config(cfg)
         self.transport = SlotTransport(handles, cfg.gateway, self.slots, limits)
-        self.gateway = RewardGateway(cfg, self.transport, self.slots)
+        # the ledger must open (a newer schema, an unreachable server: a clear error now);
+        # later outages never fail a request (gateway.ledger.writer)
+        self.ledger = Ledger.open(cfg.gateway.ledger) if cfg.gateway.ledger.backend != "off" \
+            else None
+        self.gateway = RewardGateway(cfg, self.transport, self.slots, self.ledger)
 
     def __serve_build_asgi_app__(self) -> Any:
-        canary = Canary(self.gateway.config, self.transport, self.slots)
-        return create_app(self.gateway, background=[canary.run])
+        canary = Canary(self.gateway.config, self.transport, self.slots,
+                        on_drift=self._forget_drifted)
+        jobs = [canary.run] + ([self.ledger.run] if self.ledger is not None else [])
+        return create_app(self.gateway, background=jobs, ledger=self.ledger)
+
+    async def _forget_drifted(self, model: str, slot: int, numerics_class: str) -> None:
+        """A slot's numerics drifted: what it recorded in its old class is no longer
+        answered from the ledger (kept for audit; ``rmgate ledger stats`` shows it)."""
+        if self.ledger is not None:
+            n = await self.ledger.invalidate(model, numerics_class, slot, reason="canary drift")
+            logger.warning("ledger: %d rows of %s slot %d (class %s) invalidated after its "
+                           "drift", n, model, slot, numerics_class)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve calls this in place (no restart) when ``user_config`` changes: the slot

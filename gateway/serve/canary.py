@@ -53,8 +53,12 @@ class Canary:
     """Re-answers the probes on every slot; drains the ones whose numerics changed."""
 
     def __init__(self, config: AppConfig, transport: SlotTransport, slots: SlotTable,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 on_drift: Callable[[str, int, str], Awaitable[Any]] | None = None) -> None:
         self.config = config
+        #: Told ``(model, slot, class it left)`` when a slot drifts: the ledger stops hits
+        #: for what that slot recorded in that class.
+        self.on_drift = on_drift
         self.transport = transport
         self.slots = slots
         self.sleep = sleep
@@ -98,6 +102,8 @@ class Canary:
                                "start-up, %s now; it leaves class %s", model, slot,
                                expected[:12], observed[:12], reported)
                 metrics.CANARY_DRIFT.labels(model, str(slot)).inc()
+                if self.on_drift is not None and reported:
+                    await self.on_drift(model, slot, reported)
             self.transport.directory.set_class(model, slot, drifted)
             return CanaryVerdict(model, slot, expected, observed, "drift")
         if current != reported:

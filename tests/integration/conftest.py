@@ -55,12 +55,28 @@ PREFETCH = pytest.StashKey[subprocess.Popen]()
 
 
 @pytest.fixture(scope="session")
-def gateway(demo_models, tmp_path_factory):
-    """(url, process) of a running ``rmgate serve configs/test-cpu.yaml``."""
+def ledger_postgres():
+    """A throwaway PostgreSQL server (the machine's own binaries): the session gateway's
+    ledger. Tests may stop and start it (``ThrowawayPostgres.stop``/``start``)."""
+    from gateway.harness.postgres import ThrowawayPostgres
+    # in the system's temp dir: pytest's (mode 700, root's) is closed to the postgres user
+    server = ThrowawayPostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def gateway(demo_models, tmp_path_factory, ledger_postgres):
+    """(url, process) of a running ``rmgate serve configs/test-cpu.yaml`` (its ledger on
+    ``ledger_postgres``)."""
     port = free_port()
     log = tmp_path_factory.mktemp("rmgate") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RMGATE_LOG_DIR": str(log.parent / "engines")}
+           "RMGATE_LOG_DIR": str(log.parent / "engines"),
+           "RMGATE_LEDGER_DSN": ledger_postgres.dsn}
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port)],

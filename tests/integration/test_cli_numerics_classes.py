@@ -56,8 +56,9 @@ def config(models_dir: Path) -> dict:
               "cpu_cores_per_slot": 1}
     return {"applications": [{"name": "rmgate", "route_prefix": "/",
                               "import_path": "gateway.app:build_app", "args": {
+        # cache off: these tests watch which slot computes each (repeated) request
         "gateway": {"placement": "class", "load_bound": 1.0, "slot_wait_s": 180,
-                    "canary_interval_s": CANARY_S},
+                    "canary_interval_s": CANARY_S, "cache": "off"},
         "models": [
             {"name": "judge", "kind": "generative", "model_path": str(models_dir / "grm"),
              "sampling_defaults": {"temperature": 1.0, "max_tokens": 8}, **common},

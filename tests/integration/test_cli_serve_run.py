@@ -60,7 +60,8 @@ def serve_run(demo_models, tmp_path_factory):
                      # next_slot is a pinned-placement option (across slots, marked)
                      "gateway": {"placement": "pinned", "failover": "next_slot",
                                  "failover_after_s": 1.0,
-                                 "slot_wait_s": 240, "api_keys_env": "RMGATE_TEST_KEYS"}}}],
+                                 "slot_wait_s": 240, "api_keys_env": "RMGATE_TEST_KEYS",
+                                 "cache": "off"}}}],  # failover tests resend bodies
     }
     cfg_path = tmp / "serve-run.yaml"
     cfg_path.write_text(yaml.safe_dump(config))

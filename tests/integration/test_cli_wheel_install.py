@@ -458,8 +458,10 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
 
     async def batch(n: int) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=600) as client:
-            return list(await asyncio.gather(*(client.post(demo.url + "/get_reward", json=body)
-                                               for _ in range(n))))
+            # cache off: each batch computed again (a hit would name the recorded slots)
+            return list(await asyncio.gather(*(client.post(
+                demo.url + "/get_reward", json=body, headers={"x-rmgate-cache": "off"})
+                for _ in range(n))))
 
     answers: list[httpx.Response] = []
     for n in (1, 2, 2, 2, 2):
@@ -473,6 +475,121 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
     extra = json.loads(answers[0].content)["extra_logs"]
     assert set(extra) == {"parsed"} and len(extra["parsed"]) == 48
     print(f"\n/get_reward: {len(answers)} identical answers from {len(slots)} slot layouts")
+
+
+def engine_requests_done(url: str, model: str) -> float:
+    """Requests the model's engines finished, by their own count (vLLM's
+    ``vllm:request_success_total``, read with each engine's secret)."""
+    from gateway.harness.processes import engine_secret_headers
+    card = next(m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]
+                if m["id"] == model)
+    total = 0.0
+    for where in card["nodes"]:
+        argv = Path(f"/proc/{where['engine_pid']}/cmdline").read_bytes().decode().split("\0")
+        port = argv[argv.index("--port") + 1]
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
+                         headers=engine_secret_headers(port)).text
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vllm:request_success_total"))
+    return total
+
+
+def ingress_pids(marker: str) -> list[int]:
+    """The gateway's ingress replica processes (Ray names them ``ServeReplica:...gateway``)."""
+    out = []
+    for pid in processes_with_env(marker):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "ServeReplica" in cmd and cmd.split("ServeReplica", 1)[1].rstrip("\0 ").endswith(
+                "gateway"):
+            out.append(pid)
+    return out
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
+    """The demo's defaults: cache on, SQLite under the user's state directory.
+
+    * 48 judge + 48 DisRM requests answered fresh (``x-rmgate-cache: off``), then again
+      with the cache: every one a hit, bitwise the fresh answer, no engine call;
+    * a burst of 64 identical new requests makes one engine call (counted by the engines);
+    * ``kill -9`` of the ingress under load: the file passes ``integrity_check`` and holds
+      every row flushed before the kill; the restarted ingress answers hits from it."""
+    import signal
+    import sqlite3
+
+    db = demo.home / ".local" / "state" / "rmgate" / "ledger.sqlite3"
+    judge = [{"model": "judge", "max_tokens": 6, "messages": [
+        {"role": "user", "content": f"ledger {i}: is {i}+1={i + 1}?"}]} for i in range(48)]
+    disrm = [{"model": "rm", "input": f"ledger {i}: {i}+1={i + 2}"} for i in range(48)]
+    calls = [("/v1/chat/completions", b) for b in judge] + [("/classify", b) for b in disrm]
+
+    async def send(pairs, headers=None, concurrency=16) -> list[httpx.Response]:
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=600, base_url=demo.url) as client:
+            async def one(path, body):
+                async with sem:
+                    return await client.post(path, json=body, headers=headers)
+            return list(await asyncio.gather(*(one(p, b) for p, b in pairs)))
+
+    fresh = asyncio.run(send(calls, {"x-rmgate-cache": "off"}))
+    assert all(r.status_code == 200 for r in fresh), [r.text for r in fresh][:2]
+    engines_before = engine_requests_done(demo.url, "judge") + engine_requests_done(demo.url,
+                                                                                   "rm")
+    cached = asyncio.run(send(calls))
+    assert [r.headers.get("x-rmgate-cache") for r in cached] == ["hit"] * len(calls)
+    assert [r.content for r in cached] == [r.content for r in fresh]
+    assert [r.headers["x-rmgate-receipt"] for r in cached] == \
+        [r.headers["x-rmgate-receipt"] for r in fresh]
+    assert engine_requests_done(demo.url, "judge") + engine_requests_done(
+        demo.url, "rm") == engines_before
+
+    burst = {"model": "rm", "input": "one call for sixty-four asks"}
+    before = engine_requests_done(demo.url, "rm")
+    answers = asyncio.run(send([("/classify", burst)] * 64, concurrency=64))
+    assert all(r.status_code == 200 for r in answers)
+    assert len({r.content for r in answers}) == 1
+    assert engine_requests_done(demo.url, "rm") - before == 1
+    assert sorted({r.headers["x-rmgate-cache"] for r in answers}) <= ["hit", "miss", "shared"]
+
+    # kill -9 of the ingress while it records
+    time.sleep(1.0)  # everything above flushed (interval 0.2 s)
+    with sqlite3.connect(db) as conn:
+        flushed = {row[0] for row in conn.execute("SELECT identity FROM rewards")}
+    assert {r.headers["x-rmgate-receipt"] for r in fresh} <= flushed
+    victims = ingress_pids(demo.marker)
+    assert victims, "no ingress replica process found"
+    more = [("/classify", {"model": "rm", "input": f"during the kill {i}"}) for i in range(40)]
+
+    async def load_and_kill() -> None:
+        async def kill() -> None:
+            await asyncio.sleep(0.5)
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.gather(send(more, concurrency=4), kill(), return_exceptions=True)
+
+    asyncio.run(load_and_kill())
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        kept = {row[0] for row in conn.execute("SELECT identity FROM rewards")}
+    assert flushed <= kept
+    # the restarted ingress (Serve replaces the replica) answers hits from the file
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            again = httpx.post(demo.url + "/classify", json=disrm[0], timeout=30)
+            if again.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the ingress did not come back"
+        time.sleep(1.0)
+    assert not set(ingress_pids(demo.marker)) & set(victims)
+    assert again.headers["x-rmgate-cache"] == "hit"
+    assert again.content == fresh[len(judge)].content
+    print(f"\nledger: {len(flushed)} rows flushed before the kill, {len(kept)} after it")
 
 
 def teardown_module() -> None:

@@ -50,7 +50,8 @@ def multinode_config(demo_models: Path, where: list[str]) -> dict:
                   for n in where[1:]])
     app["args"]["models"] = [rm]
     app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
-                              "default_reward_model": "rm", "ingress_replicas": 2}
+                              "default_reward_model": "rm", "ingress_replicas": 2,
+                              "cache": "off"}  # node loss must reach the engines
     app["deployments"] = [{"name": "gateway",
                            "ray_actor_options": {"num_cpus": 0, "resources": {where[0]: 0.01}}}]
     return cfg

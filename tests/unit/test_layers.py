@@ -64,7 +64,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
                         {"vllm", "torch", "transformers", "typer", "pytest"}),
 }
 #: Thin aliases at public import paths: they belong to the layer they point into.
-ALIASES = {"gateway.app": "gateway.serve", "gateway.integrations": "gateway.client",
+ALIASES = {"gateway.app": "gateway.serve", "gateway.cli_ledger": "gateway.cli", "gateway.integrations": "gateway.client",
            "deployments.replica": "deployments.slot",
            "deployments.engine_launcher": "deployments.engine"}
 PACKAGE_INITS = {"gateway", "deployments"}

@@ -25,11 +25,11 @@ def body_doc(schema: type) -> dict[str, Any]:
 
 
 def _generate(path: str) -> CoreCall:
-    return lambda gw, raw, deadline: gw.generate(path, raw, deadline)
+    return lambda gw, raw, deadline, cache: gw.generate(path, raw, deadline, cache)
 
 
 def _pool(path: str) -> CoreCall:
-    return lambda gw, raw, deadline: gw.pool(path, raw, deadline)
+    return lambda gw, raw, deadline, cache: gw.pool(path, raw, deadline, cache)
 
 
 #: (path, request schema, core call, tag) of every engine-shaped endpoint.
@@ -41,7 +41,7 @@ ENDPOINTS: tuple[tuple[str, type, CoreCall, str], ...] = (
     ("/pooling", ClassifyRequest, _pool("/pooling"), "discriminative"),
     # SGLang serves a classifier's logits as its embedding; verl's SGLang reward path
     # reads data[-1].embedding[-1]: the DisRM's /classify score, same bits.
-    ("/v1/embeddings", EmbeddingRequest, lambda gw, raw, t: gw.embed(raw, t), "discriminative"),
+    ("/v1/embeddings", EmbeddingRequest, lambda gw, raw, t, cache: gw.embed(raw, t, cache), "discriminative"),
 )
 
 

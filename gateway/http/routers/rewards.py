@@ -20,12 +20,12 @@ def router() -> APIRouter:
     async def rewards(request: Request) -> Response:
         """One reward per item (prompt or messages, response, label), in item order."""
         return await serve(request, "/v1/rewards",
-                           lambda gw, raw, t: RewardScorer(gw, t).rewards(raw))
+                           lambda gw, raw, t, cache: RewardScorer(gw, t, cache).rewards(raw))
 
     @r.post("/get_reward", openapi_extra=body_doc(GetRewardRequest))
     async def get_reward(request: Request) -> Response:
         """OpenRLHF's remote reward protocol: query/prompts/labels -> rewards/scores."""
         return await serve(request, "/get_reward",
-                           lambda gw, raw, t: RewardScorer(gw, t).get_reward(raw))
+                           lambda gw, raw, t, cache: RewardScorer(gw, t, cache).get_reward(raw))
 
     return r
