@@ -30,7 +30,13 @@ class RewardLedger(Protocol):
 
     async def lookup(self, identity: str) -> LedgerRow | None: ...
 
-    def record(self, row: LedgerRow) -> None: ...
+    def peek(self, identity: str) -> LedgerRow | None:
+        """The row of ``identity`` if it is in memory (no I/O)."""
+
+    def record(self, row: LedgerRow, remember: bool = True) -> None:
+        """Keep ``row``; ``remember``: also answer it from memory (only when the store was
+        asked first and had none: the store keeps the first row of an identity, and a hit
+        must return that row's bytes)."""
 
     def counted(self, model: str, numerics_class: str | None, outcome: str) -> None: ...
 
@@ -63,7 +69,7 @@ class RewardReuse:
         """The answer to ``ask``: recorded, shared with an identical call in flight, or
         ``call()``'s own (then recorded)."""
         if not ask.cacheable or ask.expected_class is None:
-            route, reply = await self._call_and_record(ask, call)
+            route, reply = await self._call_and_record(ask, call, remember=False)
             if not ask.cacheable:
                 return route, reply
             outcome = "miss"
@@ -75,13 +81,26 @@ class RewardReuse:
                 return hit_route(ask.key, row), EngineReply(
                     row.status, row.answer, row.fingerprint, row.slot, row.numerics_class)
             (route, reply), shared = await self.flights.run(
-                identity, lambda: self._call_and_record(ask, call))
+                identity, lambda: self._lead(ask, identity, call))
+            if route.cache == "hit" and not shared:
+                return route, reply  # answered while it looked: counted as a hit already
             outcome = "shared" if shared else "miss"
         self.ledger.counted(ask.model, route.numerics_class or ask.expected_class, outcome)
         return dataclasses.replace(route, cache=outcome), reply
 
-    async def _call_and_record(self, ask: Ask, call: Callable[[], Awaitable[Answered]]
-                               ) -> Answered:
+    async def _lead(self, ask: Ask, identity: str, call: Callable[[], Awaitable[Answered]]
+                    ) -> Answered:
+        """The flight's work: look once more (an identical request may have been answered
+        while this one looked in the store: it is in memory now), else call the engine."""
+        row = self.ledger.peek(identity)
+        if row is not None and row.status == 200:
+            self.ledger.counted(ask.model, row.numerics_class, "hit")
+            return hit_route(ask.key, row), EngineReply(
+                row.status, row.answer, row.fingerprint, row.slot, row.numerics_class)
+        return await self._call_and_record(ask, call)
+
+    async def _call_and_record(self, ask: Ask, call: Callable[[], Awaitable[Answered]],
+                               remember: bool = True) -> Answered:
         started = time.monotonic()
         route, reply = await call()
         if reply.status != 200 or reply.numerics_class is None:
@@ -94,7 +113,8 @@ class RewardReuse:
             body=ask.body if self.keep_bodies else None, answer=reply.body,
             status=reply.status, score=None, text=None, slot=reply.slot,
             fingerprint=reply.fingerprint, seed=ask.seed,
-            latency_s=time.monotonic() - started, recorded_at=time.time()))
+            latency_s=time.monotonic() - started, recorded_at=time.time()),
+            remember=remember and identity_looked_up(ask, reply))
         return dataclasses.replace(route, receipt=identity), reply
 
 
@@ -102,3 +122,9 @@ def hit_route(key: int, row: LedgerRow) -> Route:
     """The route of an answer from the ledger: the slot that computed it, when recorded."""
     return Route(key, row.slot, row.slot, row.fingerprint, row.numerics_class,
                  receipt=row.identity, cache="hit")
+
+
+def identity_looked_up(ask: Ask, reply: EngineReply) -> bool:
+    """Whether the answer is recorded under the identity the ledger was asked for (a
+    cross-class failover answers under another, never looked up)."""
+    return ask.cacheable and reply.numerics_class == ask.expected_class

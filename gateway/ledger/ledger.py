@@ -106,6 +106,10 @@ class Ledger:
                 self.recent.put(row)
         return row
 
+    def peek(self, identity: str) -> LedgerRow | None:
+        """The row of ``identity`` if it is in memory (no I/O, never blocks)."""
+        return self.recent.get(identity)
+
     async def row(self, identity: str) -> LedgerRow | None:
         """The row of a receipt, for ``GET /v1/ledger/{receipt}`` (invalidated ones too)."""
         row = self.recent.get(identity)
@@ -113,9 +117,14 @@ class Ledger:
             row = await asyncio.to_thread(self.store.get, identity, include_invalidated=True)
         return None if row is None else row.readable()
 
-    def record(self, row: LedgerRow) -> None:
-        """Keep ``row`` (never blocks, never fails the request)."""
-        self.recent.put(row)
+    def record(self, row: LedgerRow, remember: bool = True) -> None:
+        """Keep ``row`` (never blocks, never fails the request). ``remember``: answer it
+        from memory too, unless memory holds the identity already (the first row of an
+        identity is the one kept, in the store as in memory). Not remembered: a row whose
+        identity the store was not asked for (cache off for it, its class unknown when it
+        was placed): the store may hold an earlier answer, whose bytes a hit returns."""
+        if remember and self.recent.get(row.identity) is None:
+            self.recent.put(row)
         self.writer.record(row)
 
     def counted(self, model: str, numerics_class: str | None, outcome: str) -> None:

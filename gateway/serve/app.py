@@ -87,8 +87,17 @@ class Gateway:
     def __serve_build_asgi_app__(self) -> Any:
         canary = Canary(self.gateway.config, self.transport, self.slots,
                         on_drift=self._forget_drifted)
-        jobs = [canary.run] + ([self.ledger.run] if self.ledger is not None else [])
+        jobs = [canary.run, self._learn_classes] + (
+            [self.ledger.run] if self.ledger is not None else [])
         return create_app(self.gateway, background=jobs, ledger=self.ledger)
+
+    async def _learn_classes(self) -> None:
+        """Ask every slot its numerics class as soon as the ingress runs: until a slot's
+        class is known its requests are neither answered from the ledger nor recorded
+        (nothing to name them by); waiting for each model's first request cost a restarted
+        ingress its hits for that request's whole first burst."""
+        for model, n in self.slots.as_dict().items():
+            self.transport.slot_view(model, n)  # unknown slots are described in the background
 
     async def _forget_drifted(self, model: str, slot: int, numerics_class: str) -> None:
         """A slot's numerics drifted: what it recorded in its old class is no longer

@@ -198,3 +198,37 @@ async def test_a_receipt_that_is_not_one_is_a_clear_error(setup):
     missing = await client.get("/v1/ledger/" + "0" * 64)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "receipt_not_found"
+
+
+async def test_a_request_that_looked_while_its_twin_was_answered_makes_no_second_call(setup):
+    """A store lookup takes a thread hop: a request whose lookup ends after its twin's
+    flight has ended finds the twin's answer in memory, not a reason to call again."""
+    client, engines, ledger = setup
+    slow_get = ledger.store.get
+
+    def get(identity, **kw):
+        import time
+        time.sleep(0.2)
+        return slow_get(identity, **kw)
+
+    ledger.store.get = get
+    body = {"model": "rm", "input": "twins"}
+    first = asyncio.create_task(client.post("/classify", json=body))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(client.post("/classify", json=body))
+    a, b = await asyncio.gather(first, second)
+    assert engines.calls == 1 and a.content == b.content
+    assert a.headers["x-rmgate-cache"] == "miss" and b.headers["x-rmgate-cache"] == "hit"
+
+
+async def test_a_hit_returns_the_first_recorded_bytes_whatever_was_computed_since(setup):
+    """Answers computed with the cache off are recorded, but the store keeps the first of
+    an identity, so memory must not hold a later one: a hit returns the kept row."""
+    client, engines, ledger = setup
+    body = {"model": "rm", "input": "first wins"}
+    first = await client.post("/classify", json=body, headers={"x-rmgate-cache": "off"})
+    second = await client.post("/classify", json=body, headers={"x-rmgate-cache": "off"})
+    assert first.content != second.content  # this fake answers each call anew
+    await ledger.writer.flush()
+    hit = await client.post("/classify", json=body)
+    assert hit.headers["x-rmgate-cache"] == "hit" and hit.content == first.content
