@@ -114,7 +114,7 @@ class SqlLedger:
         and add ``counts`` (``(model, class, outcome) -> n``) in one transaction."""
         if not rows and not counts:
             return
-        values = [tuple(getattr(r.readable(), c) for c in COLUMNS) for r in rows]
+        values = [tuple(getattr(r, c) for c in COLUMNS) for r in map(LedgerRow.readable, rows)]
         marks = ", ".join("?" * len(COLUMNS))
         updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
         statements: list[tuple[str, list[tuple[Any, ...]]]] = []
