@@ -24,3 +24,31 @@ def demo_models() -> Path:
     if not demo_models_present(MODELS):
         build_demo_models(MODELS)
     return MODELS
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server from the machine's own binaries, for the session."""
+    from gateway.harness.postgres import ThrowawayPostgres, find_pg_bin
+
+    if find_pg_bin() is None:
+        pytest.skip("no PostgreSQL server binaries (pg_ctl, initdb) on this machine")
+    with ThrowawayPostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_ledger(postgres_server):
+    """A ``PostgresLedger`` on a database of its own (created for the test)."""
+    import uuid
+
+    import psycopg
+
+    from gateway.ledger.postgres_store import PostgresLedger
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    store = PostgresLedger(postgres_server.dsn.rsplit("/", 1)[0] + "/" + name)
+    yield store
+    store.close()

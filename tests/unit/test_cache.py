@@ -1,4 +1,5 @@
-"""The ledger's cache through the HTTP app (fake engines, a real SQLite ledger): hits are
+"""The ledger's cache through the HTTP app (fake engines, a real SQLite file and a real
+PostgreSQL server, each test on both): hits are
 the recorded bytes, identical requests in flight make one engine call, a leader that goes
 away fails nobody, ``x-rmgate-cache: off`` and ``determinism: off`` reach the engine, an
 unknown class is never cached, receipts find their rows, invalidation stops hits."""
@@ -71,10 +72,18 @@ class CountingEngines:
         return SlotView(ModelClasses(self.classes[:slots] if model != "loose" else ("L",)))
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    """A fresh ledger store: an SQLite file, or a new database on a throwaway PostgreSQL
+    server (``tests/conftest.py``)."""
+    if request.param == "sqlite":
+        return SqliteLedger(tmp_path / "ledger.sqlite3")
+    return request.getfixturevalue("postgres_ledger")
+
+
 @pytest.fixture
-async def setup(tmp_path):
+async def setup(store):
     engines = CountingEngines()
-    store = SqliteLedger(tmp_path / "ledger.sqlite3")
     ledger = Ledger(store, LedgerWriter(store, flush_interval_s=0.01), recent=1000)
     ledger.writer.start()
     gw = RewardGateway(AppConfig.model_validate(CONFIG), engines, ledger=ledger)
