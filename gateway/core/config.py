@@ -336,12 +336,13 @@ class GatewaySettings(BaseModel):
     #: to it from this side (OpenRLHF's RM server truncates with its tokenizer, right by
     #: default) instead of answering 400.
     get_reward_truncation_side: Literal["left", "right"] = "right"
-    cache: Literal["on", "off"] = Field(
+    cache: Literal["on", "off", "opt_in"] = Field(
         default="on", description="`on`: a request whose identity (model, numerics class, "
         "endpoint, canonical engine body) the ledger holds is answered from it without an "
-        "engine call, and identical requests in flight at once make one call. A request may "
-        "send `x-rmgate-cache: off` to reach an engine anyway. Models with `determinism: "
-        "off` are never answered from the cache.")
+        "engine call, and identical requests in flight at once make one call; a request "
+        "may send `x-rmgate-cache: off` to reach an engine anyway. `opt_in`: only requests "
+        "that send `x-rmgate-cache: on`. `off`: never. Every answer is recorded whatever "
+        "this says; models with `determinism: off` are never answered from the cache.")
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
     #: from this environment variable (comma separated) and/or file (one per line). With no

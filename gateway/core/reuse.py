@@ -128,3 +128,16 @@ def identity_looked_up(ask: Ask, reply: EngineReply) -> bool:
     """Whether the answer is recorded under the identity the ledger was asked for (a
     cross-class failover answers under another, never looked up)."""
     return ask.cacheable and reply.numerics_class == ask.expected_class
+
+
+def cache_decision(setting: str, asked: bool | None) -> bool:
+    """Whether a request may be answered from the ledger (or by a twin's call):
+    ``gateway.cache`` (``on``, ``off``, ``opt_in``) and what the client asked
+    (``x-rmgate-cache: on`` True, ``off`` False, nothing None). ``off`` from the client
+    always wins; ``on`` is honoured unless the operator turned the cache off; no header
+    follows the setting (``opt_in`` answers from the ledger only those who ask)."""
+    if asked is False:
+        return False
+    if asked is True:
+        return setting != "off"
+    return setting == "on"

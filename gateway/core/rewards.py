@@ -95,9 +95,9 @@ class RewardScorer:
     """Turns (prompt, response, label) items into rewards with the configured models."""
 
     def __init__(self, gateway: RewardGateway, deadline: Deadline | None = None,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool | None = None) -> None:
         self.gateway = gateway
-        #: False: every item reaches an engine (the request sent ``x-rmgate-cache: off``).
+        #: What the request asked of the cache (``x-rmgate-cache``; None: nothing).
         self.use_cache = use_cache
         #: The request's one deadline: every item's engine request ends by it.
         self.deadline = deadline or gateway.deadline()

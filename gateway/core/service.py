@@ -29,7 +29,7 @@ from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, Comp
                                     EmbeddingRequest, ModelCard, ModelList)
 from gateway.core.requests import normalize_activation, parse_json_object, split_inputs, validate
 from gateway.core.results import GatewayResult, Route
-from gateway.core.reuse import Ask, RewardLedger, RewardReuse
+from gateway.core.reuse import Ask, RewardLedger, RewardReuse, cache_decision
 from gateway.core.scoring import make_parser
 from gateway.core.slots import SlotTable
 from gateway.core.transport import EngineReply, Transport
@@ -81,7 +81,6 @@ class RewardGateway:
         #: The ledger's cache and recording (None: no ledger, nothing recorded).
         self.reuse = (RewardReuse(ledger, config.gateway.ledger.keep_bodies)
                       if ledger is not None else None)
-        self.cache_on = config.gateway.cache == "on"
 
     def set_slot_counts(self, counts: dict[str, Any]) -> dict[str, int]:
         """Route each named model over its new count from now on (a scale event). Checked
@@ -119,7 +118,7 @@ class RewardGateway:
     # ---- one engine request -----------------------------------------------------------
     async def _answer(self, spec: ModelSpec, key: int, path: str, body: bytes,
                       deadline: Deadline, seed: int | None = None,
-                      use_cache: bool = True) -> tuple[Route, EngineReply]:
+                      use_cache: bool | None = None) -> tuple[Route, EngineReply]:
         """The answer to one canonical engine body: from the ledger or an identical call in
         flight when the cache may answer (``gateway.core.reuse``), else the engine's, and
         recorded. Nothing waits past ``deadline``: a last-resort guard answers 504
@@ -133,7 +132,8 @@ class RewardGateway:
                     return await call()
                 return await self.reuse.answer(Ask(
                     spec.name, path, body, key, placement.numerics_class, seed,
-                    cacheable=use_cache and self.cache_on and spec.determinism != "off"),
+                    cacheable=cache_decision(self.config.gateway.cache, use_cache)
+                    and spec.determinism != "off"),
                     call)
         except TimeoutError:
             raise deadline.exceeded(f"routing it to {spec.name}'s slots") from None
@@ -190,7 +190,7 @@ class RewardGateway:
 
     # ---- generative -------------------------------------------------------------------
     async def generate(self, path: str, raw: bytes, deadline: Deadline | None = None,
-                       use_cache: bool = True) -> GatewayResult:
+                       use_cache: bool | None = None) -> GatewayResult:
         deadline = deadline or self.deadline()
         body = parse_json_object(raw)
         req = validate(GENERATE_ENDPOINTS[path], body)
@@ -231,7 +231,7 @@ class RewardGateway:
 
     # ---- discriminative ---------------------------------------------------------------
     async def pool(self, path: str, raw: bytes, deadline: Deadline | None = None,
-                   use_cache: bool = True) -> GatewayResult:
+                   use_cache: bool | None = None) -> GatewayResult:
         deadline = deadline or self.deadline()
         body = normalize_activation(parse_json_object(raw))
         req = validate(ClassifyRequest, body)
@@ -273,7 +273,7 @@ class RewardGateway:
                              endpoint=path)
 
     async def embed(self, raw: bytes, deadline: Deadline | None = None,
-                    use_cache: bool = True) -> GatewayResult:
+                    use_cache: bool | None = None) -> GatewayResult:
         """``/v1/embeddings`` for a DisRM: its ``/classify`` request with raw logits
         (``gateway.core.embeddings``), answered in OpenAI's embeddings shape."""
         req = validate(EmbeddingRequest, parse_json_object(raw))

@@ -38,8 +38,12 @@ def request_timeout(request: Request) -> float | None:
     return value
 
 
-def cache_allowed(request: Request) -> bool:
-    """False when the request sends ``x-rmgate-cache: off`` (``no-cache`` and ``bypass``
-    too): it wants an engine's answer, not the ledger's (``rmgate ledger replay`` sends
-    it). Any other value, or none, leaves the gateway's ``cache`` setting in charge."""
-    return request.headers.get(CACHE_HEADER, "").strip().lower() not in CACHE_OFF_VALUES
+def cache_asked(request: Request) -> bool | None:
+    """What the request asks of the ledger's cache: ``x-rmgate-cache: off`` (also
+    ``no-cache``, ``bypass``) False: an engine's answer, not the ledger's (``rmgate check``,
+    ``rmgate ledger replay`` and the benchmarks send it); ``on`` True; anything else, or
+    nothing, None: the gateway's ``cache`` setting decides (``gateway.core.reuse``)."""
+    value = request.headers.get(CACHE_HEADER, "").strip().lower()
+    if value in CACHE_OFF_VALUES:
+        return False
+    return True if value == "on" else None

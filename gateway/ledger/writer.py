@@ -51,14 +51,17 @@ class LedgerWriter:
         self._closed = False
         self.dropped = 0
         self.written = 0
+        #: Rows taken from the buffer for the batch being written (they count toward the
+        #: bound: a batch that fails goes back to the buffer).
+        self._writing = 0
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + self._writing
 
     def record(self, row: LedgerRow) -> None:
         """Queue ``row`` for the next batch (dropped and counted past the bound)."""
-        if len(self._buffer) >= self.max_buffered:
+        if self.buffered >= self.max_buffered:
             self.dropped += 1
             metrics.LEDGER_DROPPED.inc()
             if self.dropped == 1 or self.dropped % 1000 == 0:
@@ -96,6 +99,7 @@ class LedgerWriter:
             batch = [self._buffer.popleft()
                      for _ in range(min(self.batch_rows, len(self._buffer)))]
             counts, self._counts = self._counts, Counter()
+            self._writing = len(batch)
             try:
                 await asyncio.to_thread(self.store.write, batch, counts)
             except Exception as exc:  # noqa: BLE001 - any store failure: keep the rows
@@ -107,6 +111,7 @@ class LedgerWriter:
                                len(self._buffer))
                 return False
             finally:
+                self._writing = 0
                 metrics.LEDGER_BUFFERED.set(len(self._buffer))
             self.written += len(batch)
             metrics.LEDGER_WRITTEN.inc(len(batch))

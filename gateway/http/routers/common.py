@@ -21,13 +21,13 @@ from gateway.core.errors import RmgateError
 from gateway.core.results import GatewayResult
 from gateway.core.service import RewardGateway
 from gateway.http.auth import get_gateway
-from gateway.http.body import cache_allowed, read_body, request_timeout
+from gateway.http.body import cache_asked, read_body, request_timeout
 from gateway.http.errors import error_response
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
 
-#: (gateway, body, the request's deadline, whether the cache may answer it)
-CoreCall = Callable[[RewardGateway, bytes, Deadline, bool], Awaitable[GatewayResult]]
+#: (gateway, body, the request's deadline, what it asked of the cache: on/off/None)
+CoreCall = Callable[[RewardGateway, bytes, Deadline, "bool | None"], Awaitable[GatewayResult]]
 
 #: The status recorded for a request whose client left before its answer (nginx's
 #: "client closed request"); nobody receives it.
@@ -48,7 +48,7 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         gateway = get_gateway(request)
         deadline = gateway.deadline(request_timeout(request))  # the request's one deadline
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
-        result = await call(gateway, raw, deadline, cache_allowed(request))
+        result = await call(gateway, raw, deadline, cache_asked(request))
         model = result.model
         metrics.record_cache(model, result.routes)
         if result.seed_derived:
