@@ -191,8 +191,12 @@ def test_replay_finds_no_change_on_the_same_deployment_and_changes_without_the_p
         "".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
         for _ in range(16)]
     for x in inputs:
+        # truncate_prompt_tokens -1 (to the context: no input here is longer) makes these
+        # requests of their own: the negative control, earlier, recorded the one-token
+        # inputs' plain bodies, and a ledger keeps an identity's first row (and its time)
         r = httpx.post(url + "/classify", json={"model": "rm-large", "input": x,
-                                                "use_activation": False}, timeout=120)
+                                                "use_activation": False,
+                                                "truncate_prompt_tokens": -1}, timeout=120)
         assert r.status_code == 200, r.text
     store = PostgresLedger(ledger_postgres.dsn)
     try:
