@@ -41,7 +41,7 @@ import httpx
 import yaml
 
 from benchmarks.side_by_side import load
-from gateway.harness.processes import NO_CACHE, engine_secret_headers
+from gateway.harness.processes import NO_CACHE, engine_requests_done
 from gateway.harness.running import running_gateway
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,19 +97,6 @@ def grpo_batches(sampled: list[tuple[str, list[str]]], seed: int, retry_rate: fl
         if rng.random() < retry_rate:
             batches.append(list(items))
     return batches
-
-
-def engine_requests_done(url: str) -> float:
-    total = 0.0
-    for card in httpx.get(url + "/v1/models", timeout=30).json()["data"]:
-        for where in card["nodes"]:
-            argv = Path(f"/proc/{where['engine_pid']}/cmdline").read_bytes().decode().split("\0")
-            port = argv[argv.index("--port") + 1]
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                             headers=engine_secret_headers(port)).text
-            total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                         if line.startswith("vllm:request_success_total"))
-    return total
 
 
 async def run_arms(url: str, model: str, group: int, prompts: int, concurrency: int

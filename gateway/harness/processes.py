@@ -135,3 +135,25 @@ def group_pids(pgids: list[int]) -> list[int]:
             if pgid in pgids:
                 out.append(int(entry.name))
     return out
+
+
+def engine_requests_done(url: str, models: Iterable[str] | None = None) -> float:
+    """Requests the engines of a local gateway at ``url`` finished (of ``models``, else
+    all), by the engines' own count (vLLM's ``vllm:request_success_total``, read with each
+    engine's secret): what a test or benchmark counts engine calls by, not the gateway."""
+    import httpx
+
+    wanted = None if models is None else set(models)
+    total = 0.0
+    for card in httpx.get(url + "/v1/models", timeout=30).json()["data"]:
+        if wanted is not None and card["id"] not in wanted:
+            continue
+        for where in card["nodes"]:
+            argv = (Path("/proc") / str(where["engine_pid"]) / "cmdline").read_bytes()
+            args = argv.decode().split("\0")
+            port = args[args.index("--port") + 1]
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
+                             headers=engine_secret_headers(port)).text
+            total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith("vllm:request_success_total"))
+    return total

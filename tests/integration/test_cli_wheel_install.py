@@ -479,20 +479,8 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
 
 
 def engine_requests_done(url: str, model: str) -> float:
-    """Requests the model's engines finished, by their own count (vLLM's
-    ``vllm:request_success_total``, read with each engine's secret)."""
-    from gateway.harness.processes import engine_secret_headers
-    card = next(m for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]
-                if m["id"] == model)
-    total = 0.0
-    for where in card["nodes"]:
-        argv = Path(f"/proc/{where['engine_pid']}/cmdline").read_bytes().decode().split("\0")
-        port = argv[argv.index("--port") + 1]
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                         headers=engine_secret_headers(port)).text
-        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("vllm:request_success_total"))
-    return total
+    from gateway.harness.processes import engine_requests_done as done
+    return done(url, [model])
 
 
 def ingress_pids(marker: str) -> list[int]:
