@@ -71,7 +71,12 @@ CHAT_CHOICE_FIELDS = ("logprobs", "finish_reason", "stop_reason") + TOKEN_FIELDS
 COMPLETION_CHOICE_FIELDS = ("text", "logprobs", "finish_reason", "stop_reason") + TOKEN_FIELDS
 #: The vector of a pooling item, per endpoint.
 POOLING_VECTOR = {"/classify": "probs", "/pooling": "data"}
-REWARD_DETAIL_FIELDS = ("raw_score", "judge_text", "parsed", "error")
+REWARD_DETAIL_FIELDS = ("raw_score", "judge_text", "parsed", "error", "label_logprobs",
+                        "program", "failed", "default_used")
+#: A reward program's component, as compared (its slot, receipt and cache are not: they
+#: say who answered, not what).
+COMPONENT_FIELDS = ("name", "status", "weight", "score", "transformed", "reason",
+                    "raw_score", "judge_text", "parsed", "label_logprobs")
 
 
 def canonical_json(obj: Any) -> str:
@@ -150,8 +155,16 @@ def _rewards(payload: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("not an answer: no `rewards` list")
     out: dict[str, Any] = {"rewards": payload["rewards"]}
     if payload.get("details") is not None:
-        out["details"] = [{"index": index, **_pick(d, REWARD_DETAIL_FIELDS)}
+        out["details"] = [_reward_detail(index, d)
                           for index, d in _in_index_order(payload["details"], "details")]
+    return out
+
+
+def _reward_detail(index: int, detail: dict[str, Any]) -> dict[str, Any]:
+    out = {"index": index, **_pick(detail, REWARD_DETAIL_FIELDS)}
+    if isinstance(detail.get("components"), list):
+        out["components"] = [_pick(c, COMPONENT_FIELDS) if isinstance(c, dict) else c
+                             for c in detail["components"]]
     return out
 
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.core.scoring import ScorerSpec
+from gateway.core.scorers.specs import (SCORER_KINDS, ModelScorerSpec, ProgramSpec,
+                                        scorer_from_legacy)
 
 Kind = Literal["generative", "discriminative"]
 DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]
@@ -124,8 +125,13 @@ class ModelSpec(BaseModel):
     #: exactly the keys vLLM's own default (``generation_config: auto``) would take
     #: (``sampling_defaults`` wins where both set one); ``vllm``: none of them.
     sampling_defaults_from: Literal["vllm", "model"] = "vllm"
-    #: GRM only: how /v1/rewards and /get_reward ask the judge and read its score.
-    scorer: ScorerSpec = Field(default_factory=ScorerSpec)
+    scorer: ModelScorerSpec = Field(
+        default=None, validate_default=True,  # type: ignore[arg-type]
+        description="How /v1/rewards and /get_reward turn an item into this model's reward "
+        "(a scorer, by `type`): `logit` (a DisRM's class score, its default), `judge_text` "
+        "(a GRM's sampled text read by a parser, its default), `judge_prob` (P(yes) at "
+        "the judge's first token), `expected_rating` (the expected rating token). A "
+        "`scorer` without `type` is the kind's default.")
     #: Extra vLLM server arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
     #: Names may use ``-`` or ``_``; the ones rmgate sets (OWNED_ENGINE_ARGS) are refused.
     engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -178,6 +184,21 @@ class ModelSpec(BaseModel):
     engine_host: Literal["loopback", "node"] = "loopback"
     #: Seconds to wait for the engine to answer /health at start-up.
     startup_timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scorer_type(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") in SCORER_KINDS.values():
+            data = {**data, "scorer": scorer_from_legacy(data["kind"], data.get("scorer"))}
+        return data
+
+    @model_validator(mode="after")
+    def _scorer_fits(self) -> "ModelSpec":
+        needs = SCORER_KINDS[self.scorer.type]
+        if needs != self.kind:
+            raise ValueError(f"model {self.name!r}: scorer `{self.scorer.type}` reads a "
+                             f"{needs} model, not a {self.kind} one")
+        return self
 
     def effective_sampling_defaults(self) -> dict[str, Any]:
         """``sampling_defaults``, over the model folder's under ``sampling_defaults_from:
@@ -344,6 +365,11 @@ class GatewaySettings(BaseModel):
         "that send `x-rmgate-cache: on`. `off`: never. Every answer is recorded whatever "
         "this says; models with `determinism: off` are never answered from the cache.")
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    rule_workers: int = Field(default=2, ge=1, le=256, description="Worker processes of "
+                              "each ingress replica's rule pool (started only when a "
+                              "program has a rule component): at most this many rule checks "
+                              "run at once; a check past its `timeout_s` has its worker "
+                              "ended and replaced.")
     #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
     #: from this environment variable (comma separated) and/or file (one per line). With no
     #: key configured, auth is off. ``/health`` and ``/metrics`` stay open.
@@ -368,6 +394,9 @@ class AppConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[ModelSpec]
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    programs: list[ProgramSpec] = Field(default_factory=list, description="Reward programs: "
+                                        "named rewards served by /v1/rewards and /get_reward "
+                                        "like a model, combining model scorers and rules.")
 
     def missing_paths(self) -> list[str]:
         """One line per file the config names that is not there: a model folder without its
@@ -398,10 +427,33 @@ class AppConfig(BaseModel):
                 if taken.setdefault(alias, m.name) != m.name:
                     raise ValueError(f"alias {alias!r} of model {m.name!r} is already the name "
                                      f"or an alias of model {taken[alias]!r}")
+        for program in self.programs:
+            if program.name in taken:
+                raise ValueError(f"program {program.name!r} has the name of model "
+                                 f"{taken[program.name]!r} (or one of its aliases)")
+            taken[program.name] = program.name
+            for comp in program.components:
+                if comp.model is None:
+                    continue
+                spec = self.model(comp.model)
+                if spec is None:
+                    raise ValueError(f"program {program.name!r}, component {comp.name!r}: "
+                                     f"model {comp.model!r} is not served ({names})")
+                scorer = comp.scorer or spec.scorer
+                if SCORER_KINDS[scorer.type] != spec.kind:
+                    raise ValueError(f"program {program.name!r}, component {comp.name!r}: "
+                                     f"scorer `{scorer.type}` does not read {spec.kind} "
+                                     f"model {spec.name!r}")
         default = self.gateway.default_reward_model
-        if default is not None and default not in names:
-            raise ValueError(f"default_reward_model {default!r} is not among the models {names}")
+        programs = [p.name for p in self.programs]
+        if default is not None and default not in names + programs:
+            raise ValueError(f"default_reward_model {default!r} is not among the models "
+                             f"{names} or programs {programs}")
         return self
+
+    def program(self, name: str | None) -> ProgramSpec | None:
+        """The reward program called ``name`` (None: not a program)."""
+        return next((p for p in self.programs if p.name == name), None)
 
     def model(self, name: str) -> ModelSpec | None:
         """The model called ``name``: its name, one of its ``aliases``, its ``model_path``

@@ -139,6 +139,14 @@ class LedgerOff(RmgateError):
     status, code = 404, "ledger_off"
 
 
+class RewardComponentFailed(RmgateError):
+    """A reward program's component failed for an item (a rule check that timed out,
+    crashed or raised; a judge answer without a score) under ``on_failure: error``, or
+    every component failed. Retrying the same item fails the same way."""
+
+    status, code = 422, "reward_component_failed"
+
+
 class RouteNotFound(RmgateError):
     status, code = 404, "not_found"
 
@@ -208,6 +216,25 @@ class EngineFailed(RmgateError):
     """The engine answered 5xx (after retries): 502, never a 500 of the gateway's own."""
 
     status, code = 502, "engine_error"
+
+
+class ScoreUnreadable(RmgateError):
+    """An engine answered 200 without what the model's scorer reads (a judge's answer
+    without the label log-probabilities it was asked for)."""
+
+    status, code = 502, "score_unreadable"
+
+
+class RuleCheckFailed(RmgateError):
+    """A rule check did not give a value: ``reason`` is ``timeout`` (ended at its
+    ``timeout_s``), ``crashed`` (its worker process died) or ``error`` (it raised). Only
+    ever a component's failure, reported per item."""
+
+    status, code = 422, "rule_check_failed"
+
+    def __init__(self, message: str, *, reason: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.reason = reason
 
 
 class DeadlineExceeded(RmgateError):

@@ -99,8 +99,15 @@ class ModelCard(BaseModel):
     nodes: list[dict[str, Any] | None] = Field(
         default_factory=list, description="Per slot: where it runs (the Ray node's id and "
         "address, the engine's host and pid); null while the slot is not reachable.")
+    scorer: dict[str, Any] | None = Field(
+        default=None, description="How /v1/rewards scores an item with this model: the "
+        "scorer's type and options, label token ids resolved from the model's tokenizer.")
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    programs: list[dict[str, Any]] = Field(
+        default_factory=list, description="Reward programs (named like models in "
+        "/v1/rewards and /get_reward): components, weights, transforms, on_failure, and "
+        "each model component's resolved scorer.")

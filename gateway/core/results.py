@@ -46,6 +46,16 @@ class Route:
 
 
 @dataclass(frozen=True)
+class ComponentFailure:
+    """A reward program's component that failed for one item, and whether the item's
+    reward became the program's default because of it (for /metrics)."""
+
+    program: str
+    component: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class GatewayResult:
     """A request's outcome: the engine-shaped JSON body and everything that decided it."""
 
@@ -64,6 +74,10 @@ class GatewayResult:
     #: model's context holds and the gateway sent the context length instead.
     max_tokens_clamped: tuple[str, int, int] | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    #: Reward programs: every failed component of every item, and per program how many
+    #: items got its ``on_failure`` default.
+    component_failures: tuple[ComponentFailure, ...] = ()
+    defaults_used: tuple[tuple[str, int], ...] = ()
 
     @property
     def key_hex(self) -> str | None:

@@ -1,15 +1,18 @@
 """Reward scoring on top of the routing core: ``/v1/rewards`` and OpenRLHF's ``/get_reward``.
 
-Every item becomes one ordinary engine request built exactly as a client would send it
-(a ``/classify`` chat request for a DisRM, a ``/v1/chat/completions`` judge request for a
-GRM) and goes through ``RewardGateway``, so an item's reward has the same key, slot, seed
-and bits as that request sent on its own.
+An item is scored by a scorer (``gateway.core.scorers``): a model's own, or each component
+of a reward program (``gateway.core.programs`` combines them). A scorer's engine requests
+are built exactly as a client would send them and go through ``RewardGateway``, so an
+item's reward has the same key, slot, seed, ledger row and bits as that request sent on
+its own; its rule checks go to the rule pool.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
-from typing import Any, NamedTuple
+from typing import Any, Awaitable, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
@@ -17,11 +20,14 @@ from gateway.core.chat_text import prompt_text, response_text
 from gateway.core.concurrency import all_or_cancel
 from gateway.core.config import ModelSpec
 from gateway.core.deadline import Deadline
-from gateway.core.errors import InvalidSchema, RmgateError
+from gateway.core.errors import (DeadlineExceeded, InvalidSchema, RmgateError, RuleCheckFailed,
+                                 ScoreUnreadable)
 from gateway.core.keys import canonical_json
 from gateway.core.requests import parse_json_object, validate
-from gateway.core.results import GatewayResult, Route
-from gateway.core.scoring import judge_prompt
+from gateway.core.programs import ComponentScore, apply_transform, combine
+from gateway.core.results import ComponentFailure, GatewayResult, Route
+from gateway.core.scorers.base import EngineCall, RewardInput, RuleCall, Score, Scorer
+from gateway.core.scorers.specs import ComponentSpec, ProgramSpec
 from gateway.core.service import RewardGateway
 
 #: A dataset's label as the trainer sends it: OpenRLHF passes the label field unchanged (a
@@ -85,14 +91,24 @@ class Scored(NamedTuple):
     reward: float
     detail: dict[str, Any]
     routes: tuple[Route, ...]
+    #: Reward programs: the components that failed, and whether the default was used.
+    failures: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    default_used: bool = False
+    #: Reward programs: each component's transformed score (0.0 where it failed).
+    series: dict[str, float] | None = None
 
 
 def _routes(scored: list[Scored]) -> tuple[Route, ...]:
     return tuple(route for item in scored for route in item.routes)
 
 
+Target = ModelSpec | ProgramSpec
+
+
 class RewardScorer:
-    """Turns (prompt, response, label) items into rewards with the configured models."""
+    """Turns (prompt, response, label) items into rewards with the configured scorers:
+    a model's own (``/v1/rewards`` naming a model) or a program's components."""
 
     def __init__(self, gateway: RewardGateway, deadline: Deadline | None = None,
                  use_cache: bool | None = None) -> None:
@@ -108,6 +124,13 @@ class RewardScorer:
         return self.gateway.resolve_model(name, None,
                                           default=self.gateway.config.gateway.default_reward_model)
 
+    def target(self, name: str | None) -> Target:
+        """The program a rewards request names (or ``default_reward_model`` names), else
+        the model (``reward_model``)."""
+        config = self.gateway.config
+        program = config.program(name if name is not None else config.gateway.default_reward_model)
+        return program if program is not None else self.reward_model(name)
+
     async def _call(self, path: str, body: dict[str, Any], index: int) -> GatewayResult:
         call = self.gateway.generate if path == "/v1/chat/completions" else self.gateway.pool
         try:
@@ -115,62 +138,110 @@ class RewardScorer:
         except RmgateError as err:
             raise err.for_item(index)
 
-    async def _score_disrm(self, spec: ModelSpec, index: int, *, messages: list[dict[str, Any]] | None,
-                           text: str | None) -> Scored:
-        body: dict[str, Any] = {"model": spec.name, "use_activation": False}
-        if messages is not None:
-            body["messages"] = messages
-        else:
-            # OpenRLHF's query is the policy's whole token sequence as text, BOS included,
-            # and may be longer than the RM's context: add no special tokens a second time
-            # and truncate to the context (the side OpenRLHF's own RM server's tokenizer
-            # uses, configurable), as its RM server does, instead of answering 400.
-            body.update(input=text, add_special_tokens=False, truncate_prompt_tokens=-1,
-                        truncation_side=self.gateway.config.gateway.get_reward_truncation_side)
-        result = await self._call("/classify", body, index)
-        score = float(json.loads(result.body)["data"][-1]["probs"][-1])
-        return Scored(score, {"index": index, **_route_detail(result), "raw_score": score},
-                      result.routes)
+    async def _rule(self, call: RuleCall) -> float:
+        rules = self.gateway.rules
+        if rules is None:
+            raise RuleCheckFailed("no rule pool is running in this gateway", reason="error")
+        try:
+            async with asyncio.timeout(self.deadline.remaining()):
+                return await rules.run(call)
+        except TimeoutError:
+            raise self.deadline.exceeded("running a rule check") from None
 
-    async def _score_grm(self, spec: ModelSpec, index: int, prompt: str, response: str,
-                         label: str | None) -> Scored:
-        content = judge_prompt(spec.scorer, prompt, response, label)
-        body = {"model": spec.name, "messages": [{"role": "user", "content": content}]}
-        result = await self._call("/v1/chat/completions", body, index)
-        text = json.loads(result.body)["choices"][0]["message"]["content"] or ""
-        parsed = self.gateway.parsers[spec.name](text)
-        detail = {"index": index, **_route_detail(result), "judge_text": text,
-                  "parsed": parsed is not None}
-        if parsed is None:
-            detail["error"] = f"no score found by parser '{spec.scorer.parser}'; default used"
-        return Scored(parsed if parsed is not None else spec.scorer.default, detail,
-                      result.routes)
+    async def _run(self, scorer: Scorer, item: RewardInput
+                   ) -> tuple[Score, tuple[Route, ...], dict[str, Any]]:
+        """Send a scorer's calls (engine requests through the gateway, rule checks
+        through the rule pool), in order, and read their answers."""
+        answers: list[Any] = []
+        routes: list[Route] = []
+        route_detail: dict[str, Any] = {}
+        for call in scorer.calls(item):
+            if isinstance(call, EngineCall):
+                result = await self._call(call.path, call.body, item.index)
+                answers.append(json.loads(result.body))
+                routes.extend(result.routes)
+                route_detail = _route_detail(result)
+            else:
+                answers.append(await self._rule(call))
+        return scorer.read(item, answers), tuple(routes), route_detail
 
-    async def _score_item(self, spec: ModelSpec, index: int, item: RewardItem) -> Scored:
-        if item.prompt is None and item.messages is None:
-            raise InvalidSchema(f"items[{index}]: one of `prompt` or `messages` is required",
-                                param="items")
-        if spec.kind == "discriminative":
-            msgs = list(item.messages) if item.messages is not None else \
-                [{"role": "user", "content": item.prompt}]
-            msgs.append({"role": "assistant", "content": item.response})
-            return await self._score_disrm(spec, index, messages=msgs, text=None)
-        prompt = item.prompt
-        if prompt is None:
-            users = [m.get("content") for m in item.messages or [] if m.get("role") == "user"]
-            prompt = str(users[-1]) if users else ""
-        return await self._score_grm(spec, index, prompt, item.response, _label_text(item.label))
+    async def _score_model(self, spec: ModelSpec, item: RewardInput) -> Scored:
+        score, routes, route_detail = await self._run(self.gateway.scorers.models[spec.name],
+                                                      item)
+        if score.value is None:
+            raise ScoreUnreadable(f"item {item.index}: {score.message}")
+        return Scored(score.value, {"index": item.index, **route_detail, **score.detail},
+                      routes)
+
+    async def _component(self, program: ProgramSpec, comp: ComponentSpec,
+                         item: RewardInput) -> ComponentScore:
+        scorer = self.gateway.scorers.components[(program.name, comp.name)]
+        try:
+            score, routes, route_detail = await self._run(scorer, item)
+        except RuleCheckFailed as err:
+            return ComponentScore(comp.name, comp.weight, None, None, err.reason, err.message)
+        except DeadlineExceeded:
+            raise
+        except RmgateError as err:
+            if program.on_failure == "error":
+                raise  # the engine's own status (503, 504...), for the trainer's retries
+            return ComponentScore(comp.name, comp.weight, None, None, "engine",
+                                  f"{err.code}: {err.message}")
+        detail = {**route_detail, **score.detail}
+        if score.failure:
+            return ComponentScore(comp.name, comp.weight, score.value, None, score.failure,
+                                  score.message, detail, routes)
+        return ComponentScore(comp.name, comp.weight, score.value,
+                              apply_transform(score.value, comp.transform)
+                              if score.value is not None else None,
+                              None, None, detail, routes)
+
+    async def _score_program(self, program: ProgramSpec, item: RewardInput) -> Scored:
+        parts = await all_or_cancel(self._component(program, comp, item)
+                                    for comp in program.components)
+        outcome = combine(program, parts, item.index)
+        detail: dict[str, Any] = {
+            "index": item.index, "program": program.name,
+            "components": [p.as_detail() for p in parts],
+            "failed": list(outcome.failed), "default_used": outcome.default_used}
+        receipts = [r.receipt for p in parts for r in p.routes if r.receipt]
+        if receipts:
+            detail["receipts"] = receipts
+        return Scored(outcome.reward, detail, tuple(r for p in parts for r in p.routes),
+                      outcome.failed, tuple(p.failure or "" for p in parts if p.failure),
+                      outcome.default_used,
+                      {p.name: p.transformed if p.transformed is not None and not p.failure
+                       else 0.0 for p in parts})
+
+    def _score(self, target: Target, item: RewardInput) -> Awaitable[Scored]:
+        if isinstance(target, ProgramSpec):
+            return self._score_program(target, item)
+        return self._score_model(target, item)
+
+    @staticmethod
+    def _result(target: Target, scored: list[Scored], endpoint: str, body: dict[str, Any]
+                ) -> GatewayResult:
+        failures: list[ComponentFailure] = []
+        defaults = 0
+        if isinstance(target, ProgramSpec):
+            for s in scored:
+                failures += [ComponentFailure(target.name, name, reason)
+                             for name, reason in zip(s.failures, s.reasons)]
+                defaults += s.default_used
+        return GatewayResult(model=target.name, body=json.dumps(body, ensure_ascii=False).encode(),
+                             endpoint=endpoint, routes=_routes(scored),
+                             component_failures=tuple(failures),
+                             defaults_used=((target.name, defaults),) if defaults else ())
 
     async def rewards(self, raw: bytes) -> GatewayResult:
         req = validate(RewardsRequest, parse_json_object(raw))
-        spec = self.reward_model(req.model)
+        target = self.target(req.model)
+        inputs = [_item_input(i, it) for i, it in enumerate(req.items)]
         # one failed item fails the request: the others are cancelled (engines abort them)
-        scored = await all_or_cancel(self._score_item(spec, i, it)
-                                     for i, it in enumerate(req.items))
-        body = {"model": spec.name, "rewards": [s.reward for s in scored],
+        scored = await all_or_cancel(self._score(target, x) for x in inputs)
+        body = {"model": target.name, "rewards": [s.reward for s in scored],
                 "details": [s.detail for s in scored]}
-        return GatewayResult(model=spec.name, body=json.dumps(body, ensure_ascii=False).encode(),
-                             endpoint="/v1/rewards", routes=_routes(scored))
+        return self._result(target, scored, "/v1/rewards", body)
 
     async def get_reward(self, raw: bytes) -> GatewayResult:
         req = validate(GetRewardRequest, parse_json_object(raw))
@@ -181,26 +252,57 @@ class RewardScorer:
             raise InvalidSchema(f"query, prompts and labels must have one entry each "
                                 f"(got {n}, {len(prompts)}, {len(labels)})")
         scored: list[Scored] = []
-        model = ""
+        target: Target | None = None
         if n:
-            spec = self.reward_model(None)
-            model = spec.name
-            if spec.kind == "discriminative":
-                jobs = [self._score_disrm(spec, i, messages=None, text=q)
-                        for i, q in enumerate(req.query)]
-            else:  # the judge is asked about the question and the answer as plain text
-                jobs = [self._score_grm(spec, i, prompt_text(p), response_text(q, p),
-                                        _label_text(lab))
-                        for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
-            scored = await all_or_cancel(jobs)
+            target = self.target(None)
+            # a DisRM reads the whole query; a judge and the rules the question and the
+            # answer as plain text
+            inputs = [RewardInput(i, prompt_text(p), response_text(q, p), _label_text(lab),
+                                  text=q, raw_label=lab)
+                      for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
+            scored = await all_or_cancel(self._score(target, x) for x in inputs)
         rewards = [s.reward for s in scored]
-        # The same keys in every answer, an empty shard included (OpenRLHF gathers them
-        # across shards: a missing key is its KeyError): `parsed` is 1.0 where a score was
-        # read (always, for a DisRM) and 0.0 where the judge's default was used. Only
-        # request-determined values: OpenRLHF logs extra_logs as training metrics, so two
-        # identical runs must log the same numbers; the answering slot (free under class
-        # placement) stays in the x-rmgate-slot header and /v1/rewards details.
-        extra: dict[str, Any] = {"parsed": [float(s.detail.get("parsed", True)) for s in scored]}
-        body = {"rewards": rewards, "scores": rewards, "extra_logs": extra}
-        return GatewayResult(model=model, body=json.dumps(body).encode(), endpoint="/get_reward",
-                             routes=_routes(scored))
+        body = {"rewards": rewards, "scores": rewards,
+                "extra_logs": _extra_logs(target, scored)}
+        if target is None:
+            return GatewayResult(model="", body=json.dumps(body).encode(), endpoint="/get_reward")
+        result = self._result(target, scored, "/get_reward", body)
+        return dataclasses.replace(result, body=json.dumps(body).encode())
+
+
+def _item_input(index: int, item: RewardItem) -> RewardInput:
+    """A /v1/rewards item as every scorer sees it: the conversation with the response
+    last (a DisRM), the last user turn as the question (a judge, the rules)."""
+    if item.prompt is None and item.messages is None:
+        raise InvalidSchema(f"items[{index}]: one of `prompt` or `messages` is required",
+                            param="items")
+    msgs = list(item.messages) if item.messages is not None else \
+        [{"role": "user", "content": item.prompt}]
+    msgs.append({"role": "assistant", "content": item.response})
+    prompt = item.prompt
+    if prompt is None:
+        users = [m.get("content") for m in item.messages or [] if m.get("role") == "user"]
+        prompt = str(users[-1]) if users else ""
+    return RewardInput(index, prompt, item.response, _label_text(item.label), messages=msgs,
+                       raw_label=item.label)
+
+
+def _extra_logs(target: Target | None, scored: list[Scored]) -> dict[str, list[float]]:
+    """/get_reward's ``extra_logs``. The same keys in every answer, an empty shard included
+    (OpenRLHF gathers them across shards: a missing key is its KeyError), and only
+    request-determined values: OpenRLHF logs them as training metrics, so two identical
+    runs must log the same numbers (the answering slot, free under class placement, stays
+    in the x-rmgate-slot header and /v1/rewards details).
+
+    A model: ``parsed``, 1.0 where a score was read (always, for a DisRM) and 0.0 where the
+    judge's default was used. A program: one series per component (its transformed score,
+    0.0 where it failed), ``failed_components`` (how many failed) and ``default_used``."""
+    if isinstance(target, ProgramSpec):
+        extra: dict[str, list[float]] = {c.name: [] for c in target.components}
+        for s in scored:
+            for name, value in (s.series or {}).items():
+                extra[name].append(value)
+        extra["failed_components"] = [float(len(s.failures)) for s in scored]
+        extra["default_used"] = [float(s.default_used) for s in scored]
+        return extra
+    return {"parsed": [float(s.detail.get("parsed", True)) for s in scored]}

@@ -1,4 +1,4 @@
-"""Judge prompts and score parsers for generative reward models (``/v1/rewards``).
+"""Score parsers for a generative judge's text (the ``judge_text`` scorer).
 
 A parser turns the judge's text into a float, or ``None`` when the text holds no score; the
 caller then uses the model's configured default reward and says so in the details. A parse
@@ -8,43 +8,17 @@ never raises: a judge that rambles must not crash a training step.
 from __future__ import annotations
 
 import re
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.core.scorers.specs import JudgeTextSpec
+
 
 ParserName = Literal["last_int", "last_float", "boxed", "regex", "yes_no"]
 
 _INT = re.compile(r"[-+]?\d+")
 _FLOAT = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 _YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
-
-
-class ScorerSpec(BaseModel):
-    """How a GRM's judge is asked (``template``) and read (``parser``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    #: ``str.format`` template; fields: ``{prompt}``, ``{response}``, ``{label}``.
-    template: str = "{prompt}{response}"
-    parser: ParserName = "last_int"
-    #: For ``regex``: the score is group 1 (or the whole match) of the last match.
-    pattern: str | None = None
-    #: For ``yes_no``: the reward of each answer (the last yes/no in the text counts).
-    yes: float = 1.0
-    no: float = 0.0
-    #: Reward used when the text holds no parsable score.
-    default: float = 0.0
-
-    @model_validator(mode="after")
-    def _check(self) -> "ScorerSpec":
-        if self.parser == "regex":
-            if not self.pattern:
-                raise ValueError("parser 'regex' needs a `pattern`")
-            re.compile(self.pattern)
-        try:
-            self.template.format(prompt="", response="", label="")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"bad scorer template: {exc}") from exc
-        return self
 
 
 def _last(pattern: re.Pattern[str], text: str) -> str | None:
@@ -75,7 +49,7 @@ def parse_boxed(text: str) -> float | None:
     return None
 
 
-def make_parser(spec: ScorerSpec) -> Callable[[str], float | None]:
+def make_parser(spec: "JudgeTextSpec") -> Callable[[str], float | None]:
     if spec.parser == "last_int":
         return parse_last_int
     if spec.parser == "last_float":
@@ -99,7 +73,3 @@ def make_parser(spec: ScorerSpec) -> Callable[[str], float | None]:
         except (TypeError, ValueError):
             return None
     return parse_regex
-
-
-def judge_prompt(spec: ScorerSpec, prompt: str, response: str, label: str | None) -> str:
-    return spec.template.format(prompt=prompt, response=response, label="" if label is None else label)

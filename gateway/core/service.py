@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 from gateway.core.config import AppConfig, Kind, ModelSpec
 from gateway.core.errors import (EngineFailed, EngineRejected, ModelNotFound, ModelRequired,
@@ -30,7 +30,8 @@ from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, Comp
 from gateway.core.requests import normalize_activation, parse_json_object, split_inputs, validate
 from gateway.core.results import GatewayResult, Route
 from gateway.core.reuse import Ask, RewardLedger, RewardReuse, cache_decision
-from gateway.core.scoring import make_parser
+from gateway.core.scorers.base import RuleRunner
+from gateway.core.scorers.registry import Scorers
 from gateway.core.slots import SlotTable
 from gateway.core.transport import EngineReply, Transport
 
@@ -64,7 +65,8 @@ class RewardGateway:
     """Routes requests for the configured models over ``transport``."""
 
     def __init__(self, config: AppConfig, transport: Transport,
-                 slots: SlotTable | None = None, ledger: RewardLedger | None = None) -> None:
+                 slots: SlotTable | None = None, ledger: RewardLedger | None = None,
+                 rules: RuleRunner | None = None) -> None:
         self.config = config
         self.transport = transport
         #: OpenAI's ``created`` of every /v1/models entry.
@@ -75,9 +77,10 @@ class RewardGateway:
         #: GRM sampling defaults per model, read once (``sampling_defaults_from``).
         self.sampling_defaults: dict[str, dict[str, Any]] = {
             m.name: m.effective_sampling_defaults() for m in config.models}
-        #: Score parsers per model, built once (not per /v1/rewards request).
-        self.parsers: dict[str, Callable[[str], float | None]] = {
-            m.name: make_parser(m.scorer) for m in config.models}
+        #: Every model's and program component's scorer, built once (not per request).
+        self.scorers = Scorers(config)
+        #: Where rule checks run (``gateway.rules.RulePool``; None: no program has rules).
+        self.rules = rules
         #: The ledger's cache and recording (None: no ledger, nothing recorded).
         self.reuse = (RewardReuse(ledger, config.gateway.ledger.keep_bodies)
                       if ledger is not None else None)
@@ -332,5 +335,6 @@ class RewardGateway:
                 drained={str(s): r for s in range(n)
                          if (r := view.classes.drain_reason(s)) is not None},
                 numerics=[i.raw.get("numerics") if i else None for i in infos],
-                nodes=[i.raw.get("node") if i else None for i in infos]))
-        return ModelList(data=cards)
+                nodes=[i.raw.get("node") if i else None for i in infos],
+                scorer=spec.scorer.model_dump()))
+        return ModelList(data=cards, programs=[p.model_dump() for p in self.config.programs])

@@ -12,7 +12,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                ProcessCollector, generate_latest)
 
 if TYPE_CHECKING:
-    from gateway.core.results import Route
+    from gateway.core.results import GatewayResult, Route
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
@@ -71,6 +71,13 @@ CACHE = Counter("rmgate_cache", "Engine requests by how the ledger's cache answe
                 "`hit` (from the ledger, no engine call), `shared` (an identical request's "
                 "call in flight), `miss` (its own engine call)", ["model", "outcome"],
                 registry=REGISTRY)
+COMPONENT_FAILURES = Counter(
+    "rmgate_reward_component_failures", "Reward program components that failed for an item "
+    "(`reason`: timeout, crashed, error, unparsed, unreadable, engine) and were skipped or "
+    "replaced by the default; under `on_failure: error` the request answers 422 instead",
+    ["program", "component", "reason"], registry=REGISTRY)
+REWARD_DEFAULTS = Counter("rmgate_reward_defaults", "Items whose reward was their program's "
+                          "`on_failure` default", ["program"], registry=REGISTRY)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 
@@ -102,6 +109,14 @@ def record_request(model: str, endpoint: str, status: int, seconds: float | None
     REQUESTS.labels(model, endpoint, str(status)).inc()
     if seconds is not None:
         REQUEST_SECONDS.labels(model, endpoint).observe(seconds)
+
+
+def record_program(result: "GatewayResult") -> None:
+    """A reward program's failed components and defaulted items of one answered request."""
+    for failure in result.component_failures:
+        COMPONENT_FAILURES.labels(failure.program, failure.component, failure.reason).inc()
+    for program, n in result.defaults_used:
+        REWARD_DEFAULTS.labels(program).inc(n)
 
 
 def record_cache(model: str, routes: "Iterable[Route]") -> None:

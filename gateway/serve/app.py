@@ -9,6 +9,7 @@ later starts or stops only the slots concerned (``rmgate scale``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Mapping
 
@@ -23,7 +24,9 @@ from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
+from gateway.rules.pool import RulePool
 from gateway.serve.canary import Canary
+from gateway.serve.labels import resolve_label_tokens, uses_rules
 from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
                                     slot_app_name)
 from gateway.transport.slot_transport import SlotTransport
@@ -72,7 +75,8 @@ class Gateway:
 
     def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None,
                  slot_app_prefix: str = "") -> None:
-        cfg = AppConfig.model_validate(config)
+        # label token ids from the models' tokenizers, once (gateway.serve.labels)
+        cfg = resolve_label_tokens(AppConfig.model_validate(config))
         limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
         if handles is None:
             handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
@@ -82,12 +86,14 @@ class Gateway:
         # later outages never fail a request (gateway.ledger.writer)
         self.ledger = Ledger.open(cfg.gateway.ledger) if cfg.gateway.ledger.backend != "off" \
             else None
-        self.gateway = RewardGateway(cfg, self.transport, self.slots, self.ledger)
+        # rule checks run in worker processes of their own (gateway.rules.pool)
+        self.rules = RulePool(cfg.gateway.rule_workers) if uses_rules(cfg) else None
+        self.gateway = RewardGateway(cfg, self.transport, self.slots, self.ledger, self.rules)
 
     def __serve_build_asgi_app__(self) -> Any:
         canary = Canary(self.gateway.config, self.transport, self.slots,
                         on_drift=self._forget_drifted)
-        jobs = [canary.run, self._learn_classes] + (
+        jobs = [canary.run, self._learn_classes, self._close_rules] + (
             [self.ledger.run] if self.ledger is not None else [])
         return create_app(self.gateway, background=jobs, ledger=self.ledger)
 
@@ -98,6 +104,15 @@ class Gateway:
         ingress its hits for that request's whole first burst."""
         for model, n in self.slots.as_dict().items():
             self.transport.slot_view(model, n)  # unknown slots are described in the background
+
+    async def _close_rules(self) -> None:
+        """End the rule pool's workers when the ingress stops (a lifespan job: it waits
+        for shutdown, then closes)."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self.rules is not None:
+                await asyncio.to_thread(self.rules.close)
 
     async def _forget_drifted(self, model: str, slot: int, numerics_class: str) -> None:
         """A slot's numerics drifted: what it recorded in its old class is no longer

@@ -8,6 +8,8 @@ a layer reaches one it must not. The layers, bottom to top (docs/design.md, "Lay
 * ``gateway.observability``: Prometheus metrics.
 * ``gateway.transport``: reaching engines (slot directory, gates, engine clients).
 * ``gateway.ledger``: the reward ledger's stores and its writer (SQLite, PostgreSQL).
+* ``gateway.rules``: the rule checks and the process pool that runs them (pebble,
+  math-verify).
 * ``gateway.http``: the FastAPI app (routers, auth, error rendering, headers).
 * ``deployments.engine`` / ``deployments.demo``: the vLLM process, its arguments, self-test,
   fingerprint; the demo models.
@@ -42,6 +44,9 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "gateway.ledger": ({"gateway.core", "gateway.observability"},
                        {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm",
                         "torch", "typer"}),
+    "gateway.rules": ({"gateway.core"},
+                      {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm",
+                       "torch", "transformers", "typer"}),
     "gateway.http": ({"gateway.core", "gateway.observability"},
                      {"ray", "aiohttp", "httpx", "vllm", "torch", "typer"}),
     "gateway.client": ({"gateway.core"},
@@ -55,9 +60,9 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
                           "typer"}),
     "deployments.slot": ({"gateway.core", "deployments.engine"},
                          {"fastapi", "aiohttp", "prometheus_client", "typer"}),
-    "gateway.serve": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger",
+    "gateway.serve": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger", "gateway.rules",
                        "gateway.http", "deployments.engine", "deployments.slot"}, {"typer"}),
-    "gateway.cli": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger",
+    "gateway.cli": ({"gateway.core", "gateway.observability", "gateway.transport", "gateway.ledger", "gateway.rules",
                      "gateway.http", "gateway.serve", "gateway.client", "deployments.engine",
                      "deployments.slot", "deployments.demo"}, set()),
     "gateway.harness": ({"gateway.core", "deployments.engine"},

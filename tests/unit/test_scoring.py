@@ -2,7 +2,10 @@
 
 import pytest
 
-from gateway.core.scoring import ScorerSpec, judge_prompt, make_parser
+from gateway.core.scorers.base import RewardInput
+from gateway.core.scorers.model_scorers import judge_messages
+from gateway.core.scorers.specs import JudgeTextSpec as ScorerSpec
+from gateway.core.scoring import make_parser
 
 
 @pytest.mark.parametrize("spec,text,expected", [
@@ -36,5 +39,8 @@ def test_regex_needs_a_pattern_and_templates_are_checked():
 
 def test_judge_prompt_fills_fields():
     spec = ScorerSpec(template="Q: {prompt} A: {response} Ref: {label}")
-    assert judge_prompt(spec, "2+3=", "5", None) == "Q: 2+3= A: 5 Ref: "
-    assert judge_prompt(spec, "2+3=", "5", "5") == "Q: 2+3= A: 5 Ref: 5"
+    def prompt(label):
+        item = RewardInput(0, "2+3=", "5", label)
+        return judge_messages(spec.template, item)[0]["content"]
+    assert prompt(None) == "Q: 2+3= A: 5 Ref: "
+    assert prompt("5") == "Q: 2+3= A: 5 Ref: 5"

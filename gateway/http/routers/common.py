@@ -51,6 +51,7 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         result = await call(gateway, raw, deadline, cache_asked(request))
         model = result.model
         metrics.record_cache(model, result.routes)
+        metrics.record_program(result)
         if result.seed_derived:
             metrics.SEEDS_DERIVED.labels(model).inc()
         for _, _, reason in result.placements:
