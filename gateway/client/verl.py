@@ -3,7 +3,7 @@
     reward.custom_reward_function.path=<site-packages>/gateway/integrations/verl.py
     reward.custom_reward_function.name=compute_score          # or compute_score_async
     +reward.custom_reward_function.reward_kwargs.reward_router_address=127.0.0.1:8000
-    +reward.custom_reward_function.reward_kwargs.model=rm     # a DisRM or a GRM judge
+    +reward.custom_reward_function.reward_kwargs.model=rm     # a DisRM, a GRM judge or a program
 
 The score comes from rmgate's ``/v1/rewards``: for a DisRM the gateway scores the chat
 conversation prompt messages + assistant response with the model's own chat template (the
@@ -70,9 +70,19 @@ def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] 
 def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
     """verl's result dict: verl reads "score" and logs the other keys, so they are numeric
     and the same every call. The gateway's detail carries ``slot`` as an int (``int()`` also
-    takes a digit string); a detail without one counts as slot 0."""
-    return {"score": float(reward), "rmgate_slot": int(detail.get("slot", 0)),
-            "rmgate_parsed": float(detail.get("parsed", True))}
+    takes a digit string); a detail without one counts as slot 0. A reward program's
+    detail adds one ``rmgate_<component>`` per component (its transformed score, 0.0 where
+    it failed), ``rmgate_failed_components`` and ``rmgate_default_used``."""
+    out = {"score": float(reward), "rmgate_slot": int(detail.get("slot", 0)),
+           "rmgate_parsed": float(detail.get("parsed", True))}
+    components = detail.get("components")
+    if isinstance(components, list):
+        for comp in components:
+            value = comp.get("transformed")
+            out[f"rmgate_{comp['name']}"] = float(value) if value is not None else 0.0
+        out["rmgate_failed_components"] = float(len(detail.get("failed") or []))
+        out["rmgate_default_used"] = float(bool(detail.get("default_used")))
+    return out
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,

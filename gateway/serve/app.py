@@ -24,7 +24,6 @@ from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
-from gateway.rules.pool import RulePool
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
 from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
@@ -87,7 +86,10 @@ class Gateway:
         self.ledger = Ledger.open(cfg.gateway.ledger) if cfg.gateway.ledger.backend != "off" \
             else None
         # rule checks run in worker processes of their own (gateway.rules.pool)
-        self.rules = RulePool(cfg.gateway.rule_workers) if uses_rules(cfg) else None
+        self.rules = None
+        if uses_rules(cfg):
+            from gateway.rules.pool import RulePool  # pebble: only where a rule is served
+            self.rules = RulePool(cfg.gateway.rule_workers)
         self.gateway = RewardGateway(cfg, self.transport, self.slots, self.ledger, self.rules)
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -41,10 +41,16 @@ class LabelJudge(JudgeTransport):
 
     async def post(self, model, placement, path, body, deadline):
         data = json.loads(body)
-        if "logprob_token_ids" not in data:
+        if "logprob_token_ids" not in data and "prompt_logprobs" not in data:
             return await super().post(model, placement, path, body, deadline)
         self.sent.append((model, placement.home, path, data))
         content = data["messages"][0]["content"]
+        if "prompt_logprobs" in data:  # the label appended: the last prompt token's
+            token = ord(data["messages"][-1]["content"][-1])
+            out = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "."}}],
+                   "prompt_logprobs": [None, {str(token): {
+                       "logprob": _label_lp(content, token), "rank": 1}}]}
+            return EngineReply(200, json.dumps(out).encode(), "fp", placement.home)
         if "nolabels" in content:
             top = []
         else:
@@ -56,10 +62,10 @@ class LabelJudge(JudgeTransport):
         return EngineReply(200, json.dumps(out).encode(), "fp", placement.home)
 
 
-YES, NO = [89, 121], [78, 110]
+YES, NO = [89, 121], [78, 110]  # "Y", "y", "N", "n"
 RATINGS = [48, 49, 50, 51, 52]
 JUDGE_PROB = {"type": "judge_prob", "template": "Q {prompt} A {response}",
-              "yes_token_ids": YES, "no_token_ids": NO}
+              "yes": ["Y", "y"], "no": ["N", "n"], "yes_token_ids": YES, "no_token_ids": NO}
 RATING = {"type": "expected_rating", "template": "Rate {prompt} {response}",
           "ratings": ["0", "1", "2", "3", "4"], "rating_token_ids": RATINGS}
 
@@ -82,6 +88,10 @@ PROGRAMS = [
     program("math_default", {"default": -7.5}, [HANGING]),
     {"name": "rating", "components": [{"name": "r", "model": "judge", "scorer": RATING}]},
     {"name": "yes", "components": [{"name": "p", "model": "judge", "scorer": JUDGE_PROB}]},
+    {"name": "yes_prompt", "components": [{"name": "p", "model": "judge", "scorer": {
+        **JUDGE_PROB, "answer_prefix": "Score: ", "read": "prompt_logprobs"}}]},
+    {"name": "rating_prompt", "components": [{"name": "r", "model": "judge", "scorer": {
+        **RATING, "read": "prompt_logprobs"}}]},
 ]
 
 
@@ -162,6 +172,21 @@ async def test_judge_prob_and_expected_rating_equal_the_hand_computation(client)
     sent = [d for _, _, _, d in transport.sent if "logprob_token_ids" in d][0]
     assert sent["max_tokens"] == 1 and sent["temperature"] == 0 and sent["logprobs"] is True
     assert sent["return_tokens_as_token_ids"] is True
+
+
+async def test_prompt_logprobs_reads_the_same_values_one_request_per_label(client):
+    c, transport = client
+    items = [{"prompt": f"{i}*2=", "response": str(2 * i)} for i in range(4)]
+    for direct, per_label, n in (("yes", "yes_prompt", 4), ("rating", "rating_prompt", 5)):
+        transport.sent.clear()
+        a = (await c.post("/v1/rewards", json={"model": direct, "items": items})).json()
+        b = (await c.post("/v1/rewards", json={"model": per_label, "items": items})).json()
+        assert a["rewards"] == b["rewards"]  # the fake's log-probabilities: the same bits
+        reads = [d for _, _, _, d in transport.sent if "prompt_logprobs" in d]
+        assert len(reads) == n * len(items)
+        assert all(d["continue_final_message"] and d["prompt_logprobs"] == 0 for d in reads)
+    prefixed = [d["messages"][-1]["content"] for d in reads][:5]
+    assert prefixed == ["0", "1", "2", "3", "4"]
 
 
 async def test_a_model_scorer_that_cannot_read_its_answer_is_502(rule_pool):

@@ -101,6 +101,18 @@ def label_logprobs(answer: Any, token_ids: list[int]) -> dict[int, float]:
     return {t: found[t] for t in token_ids}
 
 
+def prompt_label_logprob(answer: Any, token_id: int) -> float:
+    """The log-probability of the prompt's last token, ``token_id`` (the label appended to
+    the answer), from an answer asked with ``prompt_logprobs``; a ``KeyError`` when the last
+    prompt token is another one (the label merged with the text before it)."""
+    last = answer["prompt_logprobs"][-1]
+    if str(token_id) not in last:
+        raise KeyError(f"the prompt's last token is {sorted(last)}, not label token "
+                       f"{token_id} (it merged with the text before it: end answer_prefix "
+                       f"where a token ends)")
+    return float(last[str(token_id)]["logprob"])
+
+
 def normalized_weights(logprobs: list[float]) -> list[float]:
     """``exp(lp - max)``: each label's probability up to one common factor, so a ratio of
     sums is exact where the probabilities themselves would underflow to 0."""
@@ -129,20 +141,43 @@ class _LabelScorer:
 
     type = ""
 
-    def __init__(self, template: str, model: str, token_ids: list[int] | None) -> None:
+    def __init__(self, spec: JudgeProbSpec | ExpectedRatingSpec, model: str) -> None:
+        token_ids = spec.label_token_ids
         if not token_ids:
             raise ValueError(f"{self.type} scorer of {model!r}: label token ids are not "
                              f"resolved (the gateway resolves them from the model's "
                              f"tokenizer at start)")
-        self.template = template
+        self.template = spec.template
         self.model = model
         self.token_ids = token_ids
+        self.answer_prefix = spec.answer_prefix or ""
+        self.read_mode = spec.read
+        self.labels = spec.label_strings
+
+    def _body(self, item: RewardInput, answer: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0,
+                                "messages": judge_messages(self.template, item)}
+        if answer:
+            body["messages"].append({"role": "assistant", "content": answer})
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return body
 
     def calls(self, item: RewardInput) -> list[Call]:
-        return [EngineCall(CHAT, {
-            "model": self.model, "messages": judge_messages(self.template, item),
-            "max_tokens": 1, "temperature": 0, "logprobs": True,
-            "logprob_token_ids": self.token_ids, "return_tokens_as_token_ids": True})]
+        if self.read_mode == "prompt_logprobs":
+            # one request per label, the label appended: its log-probability is the last
+            # prompt position's (always returned for the prompt's own token)
+            return [EngineCall(CHAT, {**self._body(item, self.answer_prefix + label),
+                                      "prompt_logprobs": 0})
+                    for label in self.labels]
+        return [EngineCall(CHAT, {**self._body(item, self.answer_prefix), "logprobs": True,
+                                  "logprob_token_ids": self.token_ids,
+                                  "return_tokens_as_token_ids": True})]
+
+    def _found(self, answers: list[Any]) -> dict[int, float]:
+        if self.read_mode == "prompt_logprobs":
+            return {t: prompt_label_logprob(answer, t)
+                    for t, answer in zip(self.token_ids, answers, strict=True)}
+        return label_logprobs(answers[0], self.token_ids)
 
     def value(self, logprobs: list[float]) -> float:
         """The reward from the labels' log-probabilities, in ``token_ids`` order."""
@@ -150,7 +185,7 @@ class _LabelScorer:
 
     def read(self, item: RewardInput, answers: list[Any]) -> Score:
         try:
-            found = label_logprobs(answers[0], self.token_ids)
+            found = self._found(answers)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             return Score(None, failure="unreadable",
                          message=f"the judge's answer lacks label log-probabilities: {exc}")
@@ -162,7 +197,7 @@ class JudgeProbScorer(_LabelScorer):
     type = "judge_prob"
 
     def __init__(self, spec: JudgeProbSpec, model: str, truncation_side: str = "right") -> None:
-        super().__init__(spec.template, model, spec.label_token_ids)
+        super().__init__(spec, model)
         self.n_yes = len(spec.yes_token_ids or [])
 
     def value(self, logprobs: list[float]) -> float:
@@ -174,7 +209,7 @@ class ExpectedRatingScorer(_LabelScorer):
 
     def __init__(self, spec: ExpectedRatingSpec, model: str,
                  truncation_side: str = "right") -> None:
-        super().__init__(spec.template, model, spec.label_token_ids)
+        super().__init__(spec, model)
         self.values = list(spec.values or [])
 
     def value(self, logprobs: list[float]) -> float:

