@@ -48,8 +48,12 @@ class SeedPolicy(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    policy: Literal["derive", "require", "passthrough"] = "derive"
-    base: int = 0
+    policy: Literal["derive", "require", "passthrough"] = Field(
+        default="derive", description="`derive`: the caller's seed, else one derived from "
+        "the request key; `require`: 400 without one; `passthrough`: whatever was sent, "
+        "possibly none (not deterministic).")
+    base: int = Field(default=0, description="Mixed into derived seeds: another base gives "
+                      "every request another seed.")
 
 
 #: vLLM server options rmgate sets itself (``deployments.engine.args.plan_engine``), with
@@ -107,24 +111,34 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    kind: Kind
-    model_path: str
-    #: Other names requests may use for this model: what trainers were configured with
-    #: (an HF id such as ``Skywork/Skywork-Reward-V2-Llama-3.1-8B``, a path on the trainer's
-    #: machine). The ``model_path`` and its basename are accepted without listing them.
-    aliases: list[str] = Field(default_factory=list)
-    replicas: int = Field(default=1, ge=1, le=256)
-    determinism: DeterminismMode = "auto"
-    seed: SeedPolicy = Field(default_factory=SeedPolicy)
-    #: Sampling parameters a GRM request gets where it sends none (verl's judge requests
-    #: send none). Empty: vLLM's neutral defaults (temperature 1.0, top_p 1.0, max_tokens =
-    #: what the context leaves): rmgate runs engines with ``generation_config: vllm``.
-    sampling_defaults: dict[str, Any] = Field(default_factory=dict)
-    #: ``model``: also take the defaults the model folder's ``generation_config.json`` sets,
-    #: exactly the keys vLLM's own default (``generation_config: auto``) would take
-    #: (``sampling_defaults`` wins where both set one); ``vllm``: none of them.
-    sampling_defaults_from: Literal["vllm", "model"] = "vllm"
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description=(
+        "The model's name: what requests send as `model`, the slots' names (`judge-0`, …)."))
+    kind: Kind = Field(description="`generative` (a judge: chat and completions) or "
+                       "`discriminative` (a classifier: `/classify`, `/pooling`).")
+    model_path: str = Field(description="A local model folder (with its `config.json`); "
+                            "relative paths are relative to the directory the application "
+                            "is built from. Nothing is downloaded.")
+    aliases: list[str] = Field(description=(
+        "Other names requests may use for this model: what trainers were configured with (an "
+        "HF id such as `Skywork/Skywork-Reward-V2-Llama-3.1-8B`, a path on the trainer's "
+        "machine). The `model_path` and its basename are accepted without listing them."), default_factory=list)
+    replicas: int = Field(default=1, ge=1, le=256, description="Slots: engines of this "
+                          "model, one per slot replica (`rmgate scale` changes it live).")
+    determinism: DeterminismMode = Field(default="auto", description=(
+        "`batch_invariant` (vLLM's batch-invariant kernels: batched, the same bits), "
+        "`serialize` (one sequence at a time, prefix caching off), `off` (vLLM's defaults, "
+        "no guarantee), `auto` (batch_invariant where the platform has it, e.g. CUDA; "
+        "serialize otherwise, e.g. CPU)."))
+    seed: SeedPolicy = Field(default_factory=SeedPolicy, description="How a GRM request's "
+                             "sampling seed is chosen.")
+    sampling_defaults: dict[str, Any] = Field(description=(
+        "Sampling parameters a GRM request gets where it sends none (verl's judge requests "
+        "send none). Empty: vLLM's neutral defaults (temperature 1.0, top_p 1.0, max_tokens ="
+        " what the context leaves): rmgate runs engines with `generation_config: vllm`."), default_factory=dict)
+    sampling_defaults_from: Literal["vllm", "model"] = Field(default="vllm", description=(
+        "`model`: also take the defaults the model folder's `generation_config.json` sets, "
+        "exactly the keys vLLM's own default (`generation_config: auto`) would take "
+        "(`sampling_defaults` wins where both set one); `vllm`: none of them."))
     scorer: ModelScorerSpec = Field(
         default=None, validate_default=True,  # type: ignore[arg-type]
         description="How /v1/rewards and /get_reward turn an item into this model's reward "
@@ -132,19 +146,17 @@ class ModelSpec(BaseModel):
         "(a GRM's sampled text read by a parser, its default), `judge_prob` (P(yes) at "
         "the judge's first token), `expected_rating` (the expected rating token). A "
         "`scorer` without `type` is the kind's default.")
-    #: Extra vLLM server arguments (``--flag value`` with ``_`` -> ``-``), e.g. dtype.
-    #: Names may use ``-`` or ``_``; the ones rmgate sets (OWNED_ENGINE_ARGS) are refused.
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-    #: Extra environment for the engine process, e.g. VLLM_CPU_KVCACHE_SPACE.
-    engine_env: dict[str, str] = Field(default_factory=dict)
-    #: Ray actor options of each slot's replica (num_cpus, num_gpus, resources...).
-    ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0})
-    #: Per slot index (wrapping), options merged over ``ray_actor_options``: where each
-    #: slot may run, by Ray custom resources or node labels, e.g. ``[{"resources":
-    #: {"nodeA": 0.01}}, {"resources": {"nodeB": 0.01}}]`` puts slot 0 on the node that
-    #: offers ``nodeA`` and slot 1 on ``nodeB``'s. A slot's options depend only on its
-    #: index, so scaling never moves a running slot.
-    slot_ray_actor_options: list[dict[str, Any]] = Field(default_factory=list)
+    engine_args: dict[str, Any] = Field(description=(
+        "Extra vLLM server arguments (`--flag value` with `_` -> `-`), e.g. dtype. Names may "
+        "use `-` or `_`; the ones rmgate sets (OWNED_ENGINE_ARGS) are refused."), default_factory=dict)
+    engine_env: dict[str, str] = Field(description="Extra environment for the engine process, e.g. VLLM_CPU_KVCACHE_SPACE.", default_factory=dict)
+    ray_actor_options: dict[str, Any] = Field(description="Ray actor options of each slot's replica (num_cpus, num_gpus, resources...).", default_factory=lambda: {"num_cpus": 0})
+    slot_ray_actor_options: list[dict[str, Any]] = Field(description=(
+        "Per slot index (wrapping), options merged over `ray_actor_options`: where each slot "
+        "may run, by Ray custom resources or node labels, e.g. `[{\"resources\": {\"nodeA\": "
+        "0.01}}, {\"resources\": {\"nodeB\": 0.01}}]` puts slot 0 on the node that offers `nodeA`"
+        " and slot 1 on `nodeB`'s. A slot's options depend only on its index, so scaling "
+        "never moves a running slot."), default_factory=list)
 
     def actor_options(self, slot: int) -> dict[str, Any]:
         """The Ray actor options of slot ``slot``'s replica."""
@@ -156,34 +168,32 @@ class ModelSpec(BaseModel):
             if key in self.ray_actor_options and key in extra:
                 out[key] = {**self.ray_actor_options[key], **extra[key]}
         return out
-    #: Requests waiting per slot of this model (overrides gateway.max_queue_per_slot).
-    max_queue_per_slot: int | None = Field(default=None, ge=1)
-    #: The start-up self-test (deployments/selftest.py): ``auto`` runs it when the slot
-    #: batches under ``batch_invariant``; ``always`` also under ``off`` (batch only where
-    #: the probes prove it safe); ``never`` skips it. A failure restarts the slot's engine
-    #: under ``serialize`` and says why in /v1/models.
-    selftest: Literal["auto", "always", "never"] = "auto"
-    #: CPU engines only: bind slot ``s``'s engine to ``k`` cores of its own (cores
-    #: ``s*k .. s*k+k-1`` of the host's, wrapping) instead of vLLM's auto binding, which
-    #: puts every engine of a host on the same cores (it reserves one core and binds each
-    #: engine process to the rest). A slot's cores depend only on its index, so scaling
-    #: never moves a running engine. ``None`` keeps vLLM's default.
-    cpu_cores_per_slot: int | None = Field(default=None, ge=1, le=4096)
-    #: ``serialize`` only: requests the ingress lets into a slot's engine at once. The
-    #: engine itself computes one sequence at a time (``max_num_seqs=1``, no prefix cache,
-    #: no chunked prefill) in arrival order, so more than one only queues inside the engine:
-    #: it hides the ingress <-> engine round trip (measured: benchmarks/README.md, slow slot)
-    #: without changing a bit (tests/integration/test_negative_control.py). 1 serializes at
-    #: the ingress as well.
-    serialize_inflight: int = Field(default=4, ge=1, le=256)
-    #: Where the slot's engine listens: ``loopback`` (127.0.0.1: only its own node reaches
-    #: it; the ``handle`` transport crosses nodes) or ``node`` (its node's address, for an
-    #: ingress on another node with the ``direct`` transport). Either way the engine gets
-    #: a secret its slot generates at start and refuses every request without it but
-    #: ``/health`` (``deployments.engine.guard``), so only the gateway can call it.
-    engine_host: Literal["loopback", "node"] = "loopback"
-    #: Seconds to wait for the engine to answer /health at start-up.
-    startup_timeout_s: float = Field(default=600.0, gt=0)
+    max_queue_per_slot: int | None = Field(description="Requests waiting per slot of this model (overrides gateway.max_queue_per_slot).", default=None, ge=1)
+    selftest: Literal["auto", "always", "never"] = Field(default="auto", description=(
+        "The start-up self-test (deployments/selftest.py): `auto` runs it when the slot "
+        "batches under `batch_invariant`; `always` also under `off` (batch only where the "
+        "probes prove it safe); `never` skips it. A failure restarts the slot's engine under "
+        "`serialize` and says why in /v1/models."))
+    cpu_cores_per_slot: int | None = Field(description=(
+        "CPU engines only: bind slot `s`'s engine to `k` cores of its own (cores `s*k .. "
+        "s*k+k-1` of the host's, wrapping) instead of vLLM's auto binding, which puts every "
+        "engine of a host on the same cores (it reserves one core and binds each engine "
+        "process to the rest). A slot's cores depend only on its index, so scaling never "
+        "moves a running engine. `None` keeps vLLM's default."), default=None, ge=1, le=4096)
+    serialize_inflight: int = Field(description=(
+        "`serialize` only: requests the ingress lets into a slot's engine at once. The engine"
+        " itself computes one sequence at a time (`max_num_seqs=1`, no prefix cache, no "
+        "chunked prefill) in arrival order, so more than one only queues inside the engine: "
+        "it hides the ingress <-> engine round trip (measured: benchmarks/README.md, slow "
+        "slot) without changing a bit (tests/integration/test_negative_control.py). 1 "
+        "serializes at the ingress as well."), default=4, ge=1, le=256)
+    engine_host: Literal["loopback", "node"] = Field(default="loopback", description=(
+        "Where the slot's engine listens: `loopback` (127.0.0.1: only its own node reaches "
+        "it; the `handle` transport crosses nodes) or `node` (its node's address, for an "
+        "ingress on another node with the `direct` transport). Either way the engine gets a "
+        "secret its slot generates at start and refuses every request without it but "
+        "`/health` (`deployments.engine.guard`), so only the gateway can call it."))
+    startup_timeout_s: float = Field(description="Seconds to wait for the engine to answer /health at start-up.", default=600.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -293,70 +303,68 @@ class GatewaySettings(BaseModel):
     """Ingress-wide settings."""
 
     model_config = ConfigDict(extra="forbid")
-    #: Largest request body accepted, in bytes (413 above it).
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    #: How the ingress reaches a slot's engine: straight to the vLLM server over HTTP
-    #: (one hop fewer) or through the slot replica's Serve handle (works across nodes
-    #: when engines bind loopback).
-    transport: Literal["direct", "handle"] = "direct"
-    #: Each request's deadline in seconds, from its arrival (``x-rmgate-timeout`` may
-    #: shorten it): every wait ends by it, retries and failover included (504 after it).
-    request_timeout_s: float = Field(default=300.0, gt=0)
-    #: How long a request waits for a dead slot to come back before answering 503.
-    slot_wait_s: float = Field(default=120.0, ge=0)
-    #: ``wait``: a request only ever runs on its own slot (results never change).
-    #: ``next_slot``: after ``failover_after_s`` it moves to the next slot of its key's
-    #: ranking, and the response says so (``x-rmgate-failover``); with heterogeneous
-    #: replicas its bits may then differ.
-    failover: Literal["wait", "next_slot"] = "wait"
-    failover_after_s: float = Field(default=5.0, ge=0)
-    #: ``class`` (default): a key is answered by any slot of its own slot's numerics class
-    #: (bitwise the same answers): its own slot first, another class mate under load
-    #: (bounded load, ``load_bound``) or at once when its own slot is unreachable or
-    #: drained. ``pinned``: only by its own slot (``failover`` then decides what a dead
-    #: slot's requests do), the behaviour before numerics classes.
-    placement: Literal["pinned", "class"] = "class"
-    #: Bounded load: a class mate takes a key when the key's own slot holds at least
-    #: ``ceil(load_bound * (class load + 1) / class size)`` requests.
-    load_bound: float = Field(default=1.25, ge=1.0)
-    #: What bounded load weighs a class mate's requests by: ``count`` (in flight + queued,
-    #: each 1) or ``answer_time`` (each request as many as the slot's round trip is longer
-    #: than its fastest mate's: a throttled engine shows before its queue builds; the
-    #: class queue weighs by it too, ``placement.takes_waiter``). ``answer_time`` is the
-    #: default since the slow-slot benchmark's full runs of 2026-12-02 (second session):
-    #: class placement over the least-loaded proxy at c = 1/8/32/128 was DisRM
-    #: 1.73/0.87/0.95/1.34 and GRM 2.25/1.66/2.42/3.27 with it, against DisRM
-    #: 1.78/0.82/0.84/1.00 and GRM 2.30/0.88/2.47/4.12 with ``count`` (benchmarks/README.md).
-    load_weight: Literal["count", "answer_time"] = "answer_time"
-    #: ``placement: class``: a request whose chosen slot has no room (its engine holds as
-    #: many as its mode lets in) waits at every class mate's gate at once and goes to the
-    #: first that frees a place, instead of queueing behind one slot (a stalled engine's
-    #: queue) while a mate is free. Same bits whichever answers. False: it waits at the
-    #: slot bounded load chose, as before.
-    class_queue: bool = True
-    #: Slots of one model in several classes: ``strict`` drains those outside the majority
-    #: class (reason in /v1/models); ``mixed`` serves each class for its own keys.
-    class_policy: Literal["strict", "mixed"] = "strict"
-    #: Every this many seconds each slot re-answers the golden probes through its gate; a
-    #: slot whose probe digest changed leaves its class (drained under ``strict``) until it
-    #: matches again. 0 turns the canary off.
-    canary_interval_s: float = Field(default=600.0, ge=0)
-    #: Ingress replicas (Serve replicas of the ``gateway`` deployment, each its own
-    #: process). One replica's CPU per request caps a gateway in front of small fast
-    #: engines; more replicas lift that cap without changing a bit: every replica keys,
-    #: seeds and places alike, and a slot's numerics do not depend on which ingress sent
-    #: the request (the engine itself serializes or is batch invariant). Each replica
-    #: keeps its own load view, queue limit and metrics registry (scrape each, or keep 1).
-    ingress_replicas: int = Field(default=1, ge=1)
-    #: Requests waiting per slot beyond the ones in flight before answering 503.
-    max_queue_per_slot: int = Field(default=4096, ge=1)
-    #: The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF)
-    #: always uses. Optional when exactly one model is served.
-    default_reward_model: str | None = None
-    #: ``/get_reward`` with a DisRM: a query longer than the model's context is truncated
-    #: to it from this side (OpenRLHF's RM server truncates with its tokenizer, right by
-    #: default) instead of answering 400.
-    get_reward_truncation_side: Literal["left", "right"] = "right"
+    max_body_bytes: int = Field(description="Largest request body accepted, in bytes (413 above it).", default=8 * 1024 * 1024, gt=0)
+    transport: Literal["direct", "handle"] = Field(default="direct", description=(
+        "How the ingress reaches a slot's engine: straight to the vLLM server over HTTP (one "
+        "hop fewer) or through the slot replica's Serve handle (works across nodes when "
+        "engines bind loopback)."))
+    request_timeout_s: float = Field(description=(
+        "Each request's deadline in seconds, from its arrival (`x-rmgate-timeout` may shorten"
+        " it): every wait ends by it, retries and failover included (504 after it)."), default=300.0, gt=0)
+    slot_wait_s: float = Field(description="How long a request waits for a dead slot to come back before answering 503.", default=120.0, ge=0)
+    failover: Literal["wait", "next_slot"] = Field(default="wait", description=(
+        "`wait`: a request only ever runs on its own slot (results never change). "
+        "`next_slot`: after `failover_after_s` it moves to the next slot of its key's "
+        "ranking, and the response says so (`x-rmgate-failover`); with heterogeneous replicas"
+        " its bits may then differ."))
+    failover_after_s: float = Field(default=5.0, ge=0, description="`failover: next_slot`: "
+                                    "seconds before a request moves to the next slot.")
+    placement: Literal["pinned", "class"] = Field(default="class", description=(
+        "`class` (default): a key is answered by any slot of its own slot's numerics class "
+        "(bitwise the same answers): its own slot first, another class mate under load "
+        "(bounded load, `load_bound`) or at once when its own slot is unreachable or drained."
+        " `pinned`: only by its own slot (`failover` then decides what a dead slot's requests"
+        " do), the behaviour before numerics classes."))
+    load_bound: float = Field(description=(
+        "Bounded load: a class mate takes a key when the key's own slot holds at least "
+        "`ceil(load_bound * (class load + 1) / class size)` requests."), default=1.25, ge=1.0)
+    load_weight: Literal["count", "answer_time"] = Field(default="answer_time", description=(
+        "What bounded load weighs a class mate's requests by: `count` (in flight + queued, "
+        "each 1) or `answer_time` (each request as many as the slot's round trip is longer "
+        "than its fastest mate's: a throttled engine shows before its queue builds; the class"
+        " queue weighs by it too, `placement.takes_waiter`). `answer_time` is the default "
+        "since the slow-slot benchmark's full runs of 2026-12-02 (second session): class "
+        "placement over the least-loaded proxy at c = 1/8/32/128 was DisRM "
+        "1.73/0.87/0.95/1.34 and GRM 2.25/1.66/2.42/3.27 with it, against DisRM "
+        "1.78/0.82/0.84/1.00 and GRM 2.30/0.88/2.47/4.12 with `count` (benchmarks/README.md)."))
+    class_queue: bool = Field(default=True, description=(
+        "`placement: class`: a request whose chosen slot has no room (its engine holds as "
+        "many as its mode lets in) waits at every class mate's gate at once and goes to the "
+        "first that frees a place, instead of queueing behind one slot (a stalled engine's "
+        "queue) while a mate is free. Same bits whichever answers. False: it waits at the "
+        "slot bounded load chose, as before."))
+    class_policy: Literal["strict", "mixed"] = Field(default="strict", description=(
+        "Slots of one model in several classes: `strict` drains those outside the majority "
+        "class (reason in /v1/models); `mixed` serves each class for its own keys."))
+    canary_interval_s: float = Field(description=(
+        "Every this many seconds each slot re-answers the golden probes through its gate; a "
+        "slot whose probe digest changed leaves its class (drained under `strict`) until it "
+        "matches again. 0 turns the canary off."), default=600.0, ge=0)
+    ingress_replicas: int = Field(description=(
+        "Ingress replicas (Serve replicas of the `gateway` deployment, each its own process)."
+        " One replica's CPU per request caps a gateway in front of small fast engines; more "
+        "replicas lift that cap without changing a bit: every replica keys, seeds and places "
+        "alike, and a slot's numerics do not depend on which ingress sent the request (the "
+        "engine itself serializes or is batch invariant). Each replica keeps its own load "
+        "view, queue limit and metrics registry (scrape each, or keep 1)."), default=1, ge=1)
+    max_queue_per_slot: int = Field(description="Requests waiting per slot beyond the ones in flight before answering 503.", default=4096, ge=1)
+    default_reward_model: str | None = Field(default=None, description=(
+        "The model /v1/rewards uses when a request names none, and /get_reward (OpenRLHF) "
+        "always uses. Optional when exactly one model is served."))
+    get_reward_truncation_side: Literal["left", "right"] = Field(default="right", description=(
+        "`/get_reward` with a DisRM: a query longer than the model's context is truncated to "
+        "it from this side (OpenRLHF's RM server truncates with its tokenizer, right by "
+        "default) instead of answering 400."))
     cache: Literal["on", "off", "opt_in"] = Field(
         default="on", description="`on`: a request whose identity (model, numerics class, "
         "endpoint, canonical engine body) the ledger holds is answered from it without an "
@@ -364,17 +372,20 @@ class GatewaySettings(BaseModel):
         "may send `x-rmgate-cache: off` to reach an engine anyway. `opt_in`: only requests "
         "that send `x-rmgate-cache: on`. `off`: never. Every answer is recorded whatever "
         "this says; models with `determinism: off` are never answered from the cache.")
-    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings, description="The "
+                                   "reward ledger: where answers are recorded and the cache "
+                                   "answers from.")
     rule_workers: int = Field(default=2, ge=1, le=256, description="Worker processes of "
                               "each ingress replica's rule pool (started only when a "
                               "program has a rule component): at most this many rule checks "
                               "run at once; a check past its `timeout_s` has its worker "
                               "ended and replaced.")
-    #: Optional API keys (``Authorization: Bearer <key>`` or ``X-Api-Key``), read at start
-    #: from this environment variable (comma separated) and/or file (one per line). With no
-    #: key configured, auth is off. ``/health`` and ``/metrics`` stay open.
-    api_keys_env: str = "RMGATE_API_KEYS"
-    api_keys_file: str | None = None
+    api_keys_env: str = Field(default="RMGATE_API_KEYS", description=(
+        "Optional API keys (`Authorization: Bearer <key>` or `X-Api-Key`), read at start from"
+        " this environment variable (comma separated) and/or file (one per line). With no key"
+        " configured, auth is off. `/health` and `/metrics` stay open."))
+    api_keys_file: str | None = Field(default=None, description="A file of API keys, one "
+                                      "per line (with `api_keys_env`).")
 
     def load_api_keys(self) -> frozenset[str]:
         keys = [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",")]
@@ -392,8 +403,9 @@ class AppConfig(BaseModel):
     """Everything ``build_app`` takes: the ``args`` of the Serve config's application."""
 
     model_config = ConfigDict(extra="forbid")
-    models: list[ModelSpec]
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    models: list[ModelSpec] = Field(description="The served reward models.")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings,
+                                     description="Ingress-wide settings.")
     programs: list[ProgramSpec] = Field(default_factory=list, description="Reward programs: "
                                         "named rewards served by /v1/rewards and /get_reward "
                                         "like a model, combining model scorers and rules.")

@@ -34,7 +34,7 @@ class LogitSpec(BaseModel):
     answer (``use_activation: false``), read as vLLM returns it."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["logit"] = "logit"
+    type: Literal["logit"] = Field(default="logit", description="The scorer.")
 
 
 class JudgeTextSpec(BaseModel):
@@ -42,7 +42,7 @@ class JudgeTextSpec(BaseModel):
     sampled answer, under the model's sampling defaults and derived seed)."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["judge_text"] = "judge_text"
+    type: Literal["judge_text"] = Field(default="judge_text", description="The scorer.")
     template: str = Field(default="{prompt}{response}", description="`str.format` template "
                           "of the judge's user message; fields `{prompt}`, `{response}`, "
                           "`{label}`.")
@@ -72,7 +72,7 @@ class JudgeProbSpec(BaseModel):
     """Reward = P(yes) / (P(yes) + P(no)) at the judge's first answer token."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["judge_prob"] = "judge_prob"
+    type: Literal["judge_prob"] = Field(default="judge_prob", description="The scorer.")
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
     answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
                                       "starts with, e.g. `Score: `: the labels are read at "
@@ -129,7 +129,7 @@ class ExpectedRatingSpec(BaseModel):
     tokens, normalized over them, at the judge's first answer token."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["expected_rating"] = "expected_rating"
+    type: Literal["expected_rating"] = Field(default="expected_rating", description="The scorer.")
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
     answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
                                       "starts with, e.g. `Score: `: the labels are read at "
@@ -201,18 +201,19 @@ class _Rule(BaseModel):
 class ExactMatchRule(_Rule):
     """1.0 when the response equals the label text, else 0.0."""
 
-    type: Literal["exact_match"] = "exact_match"
+    type: Literal["exact_match"] = Field(default="exact_match", description="The rule.")
     strip: bool = Field(default=True, description="Compare without surrounding whitespace.")
-    case_sensitive: bool = True
+    case_sensitive: bool = Field(default=True, description="false: compare case-folded.")
 
 
 class RegexRule(_Rule):
     """``compare: none``: 1.0 when ``pattern`` is found in the response. ``compare:
     label``: 1.0 when group 1 (else the whole match) of its last match equals the label."""
 
-    type: Literal["regex"] = "regex"
-    pattern: str
-    compare: Literal["none", "label"] = "none"
+    type: Literal["regex"] = Field(default="regex", description="The rule.")
+    pattern: str = Field(description="A Python regular expression.")
+    compare: Literal["none", "label"] = Field(default="none", description="`none`: found or "
+                                              "not; `label`: the match equals the label.")
 
     @model_validator(mode="after")
     def _check(self) -> "RegexRule":
@@ -223,8 +224,9 @@ class RegexRule(_Rule):
 class NumericRule(_Rule):
     """1.0 when the last number in the response is within ``tolerance`` of the label."""
 
-    type: Literal["numeric"] = "numeric"
-    tolerance: float = Field(default=1e-6, ge=0)
+    type: Literal["numeric"] = Field(default="numeric", description="The rule.")
+    tolerance: float = Field(default=1e-6, ge=0, description="The largest difference "
+                             "counted as equal.")
     relative: bool = Field(default=False, description="`tolerance` relative to |label|.")
 
 
@@ -232,16 +234,16 @@ class MathVerifyRule(_Rule):
     """1.0 when ``math-verify`` finds the response's answer equivalent to the label's
     (LaTeX and plain expressions, ``\\boxed{}``), else 0.0."""
 
-    type: Literal["math_verify"] = "math_verify"
+    type: Literal["math_verify"] = Field(default="math_verify", description="The rule.")
 
 
 class LengthPenaltyRule(_Rule):
     """``-penalty * max(0, length - max_length)``: 0.0 up to ``max_length``."""
 
-    type: Literal["length_penalty"] = "length_penalty"
-    max_length: int = Field(ge=0)
-    unit: Literal["chars", "words"] = "chars"
-    penalty: float = Field(default=0.001, ge=0)
+    type: Literal["length_penalty"] = Field(default="length_penalty", description="The rule.")
+    max_length: int = Field(ge=0, description="Length without penalty.")
+    unit: Literal["chars", "words"] = Field(default="chars", description="What is counted.")
+    penalty: float = Field(default=0.001, ge=0, description="Per unit over `max_length`.")
 
 
 RuleSpec = Annotated[Union[ExactMatchRule, RegexRule, NumericRule, MathVerifyRule,
@@ -263,12 +265,12 @@ class ClipStep(BaseModel):
 class AffineStep(BaseModel):
     model_config = ConfigDict(extra="forbid")
     scale: float = Field(default=1.0, description="`value * scale + shift`.")
-    shift: float = 0.0
+    shift: float = Field(default=0.0, description="Added after scaling.")
 
 
 class AffineWrap(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    affine: AffineStep
+    affine: AffineStep = Field(description="`{scale, shift}`.")
 
 
 TransformStep = Union[ClipStep, AffineWrap]
@@ -288,14 +290,17 @@ class ComponentSpec(BaseModel):
     rule, weighted, with an optional transform applied in the listed order."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="The "
+                      "component's name in details, metrics and `extra_logs`.")
     model: str | None = Field(default=None, description="A served model's name.")
     scorer: ModelScorerSpec | None = Field(default=None, description="How this component "
                                            "reads the model; default: the model's own "
                                            "`scorer`.")
-    rule: RuleSpec | None = None
-    weight: float = 1.0
-    transform: list[TransformStep] = Field(default_factory=list)
+    rule: RuleSpec | None = Field(default=None, description="A rule check, by `type`.")
+    weight: float = Field(default=1.0, description="The transformed score's weight.")
+    transform: list[TransformStep] = Field(default_factory=list, description="Steps "
+                                           "applied in order: `{clip: [lo, hi]}`, `{affine: "
+                                           "{scale, shift}}`.")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ComponentSpec":
@@ -311,8 +316,10 @@ class ProgramSpec(BaseModel):
     components, in the listed order."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    components: list[ComponentSpec] = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="What "
+                      "requests send as `model`; not a model's name or alias.")
+    components: list[ComponentSpec] = Field(min_length=1, description="Added in this "
+                                            "order.")
     on_failure: OnFailure = Field(default="error", description="A failed component "
                                   "(engine error, rule timeout or crash, unreadable judge): "
                                   "`error` fails the request (422, naming item and "

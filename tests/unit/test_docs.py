@@ -1,0 +1,91 @@
+"""The documentation: the site builds strictly, the configuration reference is what the
+config models say, the README stays short, and what the docs tell a user to run exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gateway.cli import app
+from gateway.core.config_reference import render, undocumented
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.DOTALL)
+
+
+def bash_lines() -> list[tuple[str, str]]:
+    """(doc, line) of every line of every ```bash block of the README and docs/."""
+    out = []
+    for doc in DOCS:
+        for block in BASH_BLOCK.findall(doc.read_text(encoding="utf-8")):
+            out += [(doc.name, line.strip()) for line in block.splitlines() if line.strip()]
+    return out
+
+
+def test_the_site_builds_strictly(tmp_path):
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    assert mkdocs, "mkdocs is in the dev extra"
+    res = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (tmp_path / "site" / "configuration" / "index.html").is_file()
+
+
+def test_the_configuration_reference_is_current():
+    """Regenerate with `python -m gateway.core.config_reference > docs/configuration.md`."""
+    assert undocumented() == [], "every config field needs Field(description=...)"
+    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == render()
+
+
+def test_the_readme_is_short_and_links_the_pages():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    for page in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / page).is_file(), page
+    # the test command is the one CI runs
+    assert "bash scripts/install.sh cpu,dev && .venv/bin/python -m pytest -v tests" in text
+    assert "bash scripts/install.sh cpu,dev && .venv/bin/python -m pytest -v tests" in \
+        (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_rmgate_command_shown_parses():
+    runner = CliRunner()
+    seen = set()
+    for doc, line in bash_lines():
+        for m in re.finditer(r"rmgate ((?:[a-z-]+)(?: (?:stats|export|replay|invalidate))?)",
+                             line):
+            words = tuple(m.group(1).split())
+            if words in seen:
+                continue
+            seen.add(words)
+            res = runner.invoke(app, [*words, "--help"])
+            assert res.exit_code == 0, f"{doc}: `rmgate {' '.join(words)}`: {res.output}"
+    assert {("demo",), ("check",)} <= seen
+
+
+def test_every_module_script_and_config_shown_exists():
+    for doc, line in bash_lines():
+        for module in re.findall(r"python -m ((?:benchmarks|gateway)[\w.]*)", line):
+            assert importlib.util.find_spec(module) is not None, f"{doc}: {module}"
+        for path in re.findall(r"(?<![\w/])((?:scripts|examples|configs)/[\w./-]+)", line):
+            assert (ROOT / path).exists(), f"{doc}: {path}"
+    for doc in DOCS:
+        for path in re.findall(r"(?<![\w/])(configs/[\w.-]+\.yaml)", doc.read_text()):
+            assert (ROOT / path).is_file(), f"{doc.name} names {path}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_speak_of_the_project_and_its_users(doc):
+    text = doc.read_text(encoding="utf-8").lower()
+    for phrase in ("these machines", "this machine", "measured here", "was not lent",
+                   "../shared", "budget_left"):
+        assert phrase not in text, f"{doc.name}: {phrase!r}"
