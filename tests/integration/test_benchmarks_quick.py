@@ -1,6 +1,6 @@
 """The gateway benchmarks' --quick modes run end to end and write their results.
 
-Opt-in (``RMGATE_BENCH_SMOKE=1``, README: Tests): each starts and stops its own
+Opt-in (``RMGATE_BENCH_SMOKE=1``, docs/testing.md): each starts and stops its own
 ``rmgate serve`` and engines (4-5 minutes each on two cores), and what they exercise
 is tested in the default suite already (every path: engines, HAProxy, Serve's proxy; the
 CPU accounting in tests/unit). Numbers are never asserted, except the one fact the
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 #: RMGATE_BENCH_SMOKE=1: the default suite stays under its 35 minutes with the install.
 bench_smoke = pytest.mark.skipif(
     os.environ.get("RMGATE_BENCH_SMOKE") != "1",
-    reason="benchmark smoke test; RMGATE_BENCH_SMOKE=1 runs it (README: Tests)")
+    reason="benchmark smoke test; RMGATE_BENCH_SMOKE=1 runs it (docs/testing.md)")
 
 
 @bench_smoke

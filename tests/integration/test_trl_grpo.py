@@ -12,7 +12,7 @@ every reward it returns (``float.hex``), with the step and the completion.
 * The control: the very same two runs with the DisRM rewards sent through the least-loaded
   baseline proxy to a plain vLLM engine (``determinism: off``) of the wide DisRM differ in
   at least one reward: there, a one-token input scored alone takes another kernel than in
-  a batch (README, "Measured on this machine"), so the reward depends on how it was sent.
+  a batch (docs/determinism.md), so the reward depends on how it was sent.
 
 Each pair runs concurrently (two processes, one torch thread each) to keep the test short;
 for rmgate that is one more thing that must not matter.
