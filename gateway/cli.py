@@ -76,6 +76,11 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
     if default:
         body = '{"items": [{"prompt": "3+4=", "response": "7"}, {"prompt": "3+4=", "response": "9"}]}'
         lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'")
+    for program in (cfg["applications"][0].get("args") or {}).get("programs") or []:
+        body = ('{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
+                % program["name"])
+        lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'"
+                     f"   # reward program {program['name']}: per-component details")
     lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)
 
