@@ -47,8 +47,10 @@ def create_app(gateway: RewardGateway | None = None,
     app.state.gateway = gateway
     app.state.ledger = ledger
     install_error_handlers(app)
+    # the API-key check only where a key is configured (a gateway installed later: always)
+    auth = gateway is None or bool(gateway.api_keys)
     for make in (engine.router, rewards.router, ledger_routes.router, ops.router):
-        app.include_router(make())
+        app.include_router(make(auth))
         # the same routes under /keys/<key>/ (auth for clients that cannot send a header)
-        app.include_router(make(), prefix=KEY_PATH_PREFIX, include_in_schema=False)
+        app.include_router(make(auth), prefix=KEY_PATH_PREFIX, include_in_schema=False)
     return app

@@ -39,9 +39,22 @@ def check_api_key(token: str | None, keys: frozenset[str]) -> None:
 KEY_PATH_PREFIX = "/keys/{api_key}"
 
 
-async def require_api_key(request: Request, gateway: RewardGateway = Depends(get_gateway),
+async def current_gateway(request: Request) -> RewardGateway:
+    """``get_gateway`` as a dependency: async, so FastAPI calls it in the event loop instead
+    of sending a sync function to its thread pool on every request."""
+    return get_gateway(request)
+
+
+async def require_api_key(request: Request, gateway: RewardGateway = Depends(current_gateway),
                           bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
                           api_key: str | None = Security(_api_key)) -> None:
     """The key from the header, else from the ``/keys/<key>/`` path prefix."""
     token = bearer.credentials.strip() if bearer else api_key
     check_api_key(token or request.path_params.get("api_key"), gateway.api_keys)
+
+
+def auth_dependencies(enabled: bool) -> list:
+    """The routes' dependencies: the API-key check, or none when no key is configured (the
+    check would pass every request anyway; FastAPI's dependency solving costs about a fifth
+    of the ingress's own work per request: ``benchmarks/ingress_cpu.py``)."""
+    return [Depends(require_api_key)] if enabled else []

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                     EmbeddingRequest)
 from gateway.core.service import RewardGateway
-from gateway.http.auth import require_api_key
+from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
 from gateway.http.routers.common import CoreCall, serve
 
@@ -51,8 +51,8 @@ def _handler(path: str, call: CoreCall):
     return handler
 
 
-def router() -> APIRouter:
-    r = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+def router(auth: bool = True) -> APIRouter:
+    r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES)
     for path, schema, call, tag in ENDPOINTS:
         r.add_api_route(path, _handler(path, call), methods=["POST"], tags=[tag],
                         openapi_extra=body_doc(schema),

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import re
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.core.errors import InvalidRequest, LedgerOff, ReceiptNotFound
-from gateway.http.auth import require_api_key
+from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
 
 RECEIPT = re.compile(r"^[0-9a-f]{64}$")
 
 
-def router() -> APIRouter:
-    r = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
+def router(auth: bool = True) -> APIRouter:
+    r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES,
                   tags=["ledger"])
 
     @r.get("/v1/ledger/{receipt}")

@@ -8,15 +8,15 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.core.protocols import ModelList
 from gateway.core.service import RewardGateway
-from gateway.http.auth import get_gateway, require_api_key
+from gateway.http.auth import auth_dependencies, current_gateway
 from gateway.observability import metrics
 
 
-def router() -> APIRouter:
+def router(auth: bool = True) -> APIRouter:
     r = APIRouter(tags=["ops"])
 
-    @r.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_api_key)])
-    async def models(gateway: RewardGateway = Depends(get_gateway)) -> JSONResponse:
+    @r.get("/v1/models", response_model=ModelList, dependencies=auth_dependencies(auth))
+    async def models(gateway: RewardGateway = Depends(current_gateway)) -> JSONResponse:
         return JSONResponse((await gateway.models()).model_dump())
 
     @r.get("/metrics")

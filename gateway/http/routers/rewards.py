@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.core.rewards import GetRewardRequest, RewardScorer, RewardsRequest
-from gateway.http.auth import require_api_key
+from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
 from gateway.http.routers.common import serve
 from gateway.http.routers.engine import body_doc
 
 
-def router() -> APIRouter:
-    r = APIRouter(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
+def router(auth: bool = True) -> APIRouter:
+    r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES,
                   tags=["rewards"])
 
     @r.post("/v1/rewards", openapi_extra=body_doc(RewardsRequest))

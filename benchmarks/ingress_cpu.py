@@ -1,0 +1,158 @@
+"""CPU per request of the ingress's own work, against a bare pass-through, in one process.
+
+The gateway's ASGI app (``gateway.http.app.create_app`` around ``RewardGateway``) is driven
+directly (no client, no socket: a prebuilt ASGI scope) over a transport that answers at no
+cost (``gateway.harness.canned_engine``), so what is measured is the ingress's own work per
+request: parsing and validating the body, canonical JSON and the key, placement, seeds, the
+answer's checks and headers, metrics. The anchor, in the same run and through the same
+driver: a bare Starlette route that reads the body and returns the same canned answer.
+Rounds are interleaved; medians of CPU time (``time.process_time``) per request.
+
+    .venv/bin/python -m benchmarks.ingress_cpu [--requests 2000] [--rounds 5] [--profile classify]
+
+``tests/unit/test_ingress_cpu.py`` runs a short version in the suite and holds the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import statistics
+import time
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.core.config import AppConfig
+from gateway.core.service import RewardGateway
+from gateway.harness.canned_engine import CHAT, CLASSIFY, CannedTransport
+from gateway.http.app import create_app
+
+ASGIApp = Callable[..., Awaitable[None]]
+
+CONFIG = {"models": [
+    {"name": "rm", "kind": "discriminative", "model_path": "/m/rm", "replicas": 4},
+    {"name": "judge", "kind": "generative", "model_path": "/m/judge", "replicas": 4,
+     "sampling_defaults": {"temperature": 1.0, "max_tokens": 16}}],
+    "gateway": {"ledger": {"backend": "off"}, "cache": "off", "default_reward_model": "rm"}}
+
+#: (name, path, body): one request of each kind a trainer sends most.
+REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("classify", "/classify", {"model": "rm", "input": "<|im_start|>user\n3+4=<|im_end|>\n"
+                               "<|im_start|>assistant\n7<|im_end|>", "use_activation": False}),
+    ("chat", "/v1/chat/completions", {"model": "judge", "messages": [
+        {"role": "user", "content": "Is 3+4=7 right?"}], "max_tokens": 8}),
+    ("rewards", "/v1/rewards", {"model": "rm", "items": [{"prompt": "3+4=", "response": "7"}]}),
+]
+
+
+def gateway_app() -> ASGIApp:
+    return create_app(RewardGateway(AppConfig.model_validate(CONFIG), CannedTransport()))
+
+
+def bare_app() -> ASGIApp:
+    """The anchor: read the body, answer the canned bytes (what any proxy must do)."""
+    async def answer(request: Request) -> Response:
+        await request.body()
+        return Response(CHAT if request.url.path.endswith("completions") else CLASSIFY,
+                        media_type="application/json")
+    return Starlette(routes=[Route(p, answer, methods=["POST"]) for _, p, _ in REQUESTS])
+
+
+async def post(app: ASGIApp, path: str, body: bytes) -> int:
+    """One request straight into the ASGI app; its status."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 40000),
+             "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    delivered = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client never leaves
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+async def cpu_ms_per_request(app: ASGIApp, path: str, body: bytes, n: int,
+                             concurrency: int) -> float:
+    """CPU milliseconds per request over ``n`` requests, ``concurrency`` at a time."""
+    start = time.process_time()
+    for i in range(0, n, concurrency):
+        statuses = await asyncio.gather(*(post(app, path, body)
+                                          for _ in range(min(concurrency, n - i))))
+        assert set(statuses) == {200}, statuses
+    return (time.process_time() - start) * 1000 / n
+
+
+async def measure(requests: int = 2000, rounds: int = 5, concurrency: int = 32,
+                  names: tuple[str, ...] = ("classify", "chat", "rewards")) -> dict[str, Any]:
+    apps = {"gateway": gateway_app(), "bare": bare_app()}
+    out: dict[str, Any] = {}
+    for name, path, obj in REQUESTS:
+        if name not in names:
+            continue
+        body = json.dumps(obj).encode()
+        for app in apps.values():  # warm: imports, caches, first-call paths
+            await cpu_ms_per_request(app, path, body, 200, concurrency)
+        runs: dict[str, list[float]] = {k: [] for k in apps}
+        for _ in range(rounds):
+            for key, app in apps.items():
+                runs[key].append(await cpu_ms_per_request(app, path, body, requests,
+                                                          concurrency))
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        out[name] = {"gateway_ms": round(med["gateway"], 4), "bare_ms": round(med["bare"], 4),
+                     "ratio": round(med["gateway"] / med["bare"], 2),
+                     "rounds": {k: [round(x, 4) for x in v] for k, v in runs.items()}}
+    return out
+
+
+def profile(name: str, requests: int) -> None:
+    path, obj = next((p, o) for n, p, o in REQUESTS if n == name)
+    app, body = gateway_app(), json.dumps(obj).encode()
+    asyncio.run(cpu_ms_per_request(app, path, body, 200, 32))
+    prof = cProfile.Profile()
+    prof.enable()
+    asyncio.run(cpu_ms_per_request(app, path, body, requests, 32))
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--profile", choices=[n for n, _, _ in REQUESTS])
+    args = ap.parse_args()
+    if args.profile:
+        profile(args.profile, args.requests)
+        return
+    result = asyncio.run(measure(args.requests, args.rounds, args.concurrency))
+    print(f"{'request':10} {'gateway ms':>11} {'bare ms':>8} {'ratio':>6}")
+    for name, r in result.items():
+        print(f"{name:10} {r['gateway_ms']:11.3f} {r['bare_ms']:8.3f} {r['ratio']:6.2f}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""A transport that answers every engine request with canned bytes, at no cost of its own:
+what is left of a request's CPU is the ingress's own work (``benchmarks/ingress_cpu.py``).
+
+Answers are what vLLM returns for the demo models (a ``/classify`` list item, a one-choice
+chat completion), so the gateway parses, checks and renders them as it would a real one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.core.numerics import ModelClasses
+from gateway.core.transport import EngineReply, SlotInfo, SlotView
+
+CLASSIFY = json.dumps({"id": "classify-0", "object": "list", "created": 0, "model": "rm",
+                       "data": [{"index": 0, "label": "LABEL_0", "probs": [0.4140625],
+                                 "num_classes": 1}],
+                       "usage": {"prompt_tokens": 7, "total_tokens": 7,
+                                 "completion_tokens": 0}}).encode()
+CHAT = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0,
+                   "model": "judge",
+                   "choices": [{"index": 0, "message": {"role": "assistant",
+                                                        "content": "Score: 1"},
+                                "logprobs": None, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 9, "total_tokens": 13,
+                             "completion_tokens": 4}}).encode()
+
+
+class CannedTransport:
+    """Every slot healthy, in one numerics class, answering at once."""
+
+    def __init__(self, numerics_class: str | None = "c0") -> None:
+        self.numerics_class = numerics_class
+        self.calls = 0
+
+    async def post(self, model: str, placement: Any, path: str, body: bytes,
+                   deadline: Any) -> EngineReply:
+        self.calls += 1
+        return EngineReply(200, CHAT if path.endswith("completions") else CLASSIFY,
+                           "fp-canned", placement.home, numerics_class=self.numerics_class)
+
+    async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
+        return SlotInfo(model=model, slot=slot, url="http://canned", fingerprint="fp-canned",
+                        mode="serialize", max_inflight=1, numerics_class=self.numerics_class)
+
+    async def health(self, model: str, slot: int, timeout_s: float) -> str:
+        return "healthy"
+
+    def slot_view(self, model: str, slots: int) -> SlotView:
+        return SlotView(ModelClasses((self.numerics_class,) * slots))
+
+    async def aclose(self) -> None:
+        return None
