@@ -225,9 +225,10 @@ class RewardGateway:
         result = GatewayResult(model=spec.name, body=reply.body, key=key, routes=(route,),
                                seed=seed, seed_derived=derived, endpoint=path,
                                max_tokens_clamped=clamped)
-        logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
-                                                "key": key_hex(key), "slot": route.answered_by,
-                                                "seed": seed, "status": reply.status}))
+        if logger.isEnabledFor(logging.DEBUG):  # not built per request unless asked for
+            logger.debug("request %s", json.dumps({
+                "endpoint": path, "model": spec.name, "key": key_hex(key),
+                "slot": route.answered_by, "seed": seed, "status": reply.status}))
         if reply.status != 200:
             raise self._engine_error(reply, result)
         return result
@@ -250,8 +251,9 @@ class RewardGateway:
             if not items:
                 raise InvalidSchema("input must not be an empty list", param="input")
         item_bodies = [body if item is None else {**body, "input": item} for item in items]
-        keys = [request_key(path, b) for b in item_bodies]
-        whole = whole_key if is_list else keys[0]
+        # one input: its item body is the whole body, so is its key (not computed twice)
+        keys = [request_key(path, b) for b in item_bodies] if is_list else [whole_key]
+        whole = whole_key
 
         async def item(index: int, item_body: dict[str, Any], key: int
                        ) -> tuple[Route, EngineReply]:
@@ -268,9 +270,10 @@ class RewardGateway:
                                      for i, (b, k) in enumerate(zip(item_bodies, keys)))
         routes = tuple(route for route, _ in routed)
         replies = [reply for _, reply in routed]
-        logger.debug("request %s", json.dumps({"endpoint": path, "model": spec.name,
-                                                "key": key_hex(whole), "items": len(items),
-                                                "slots": [r.answered_by for r in routes]}))
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("request %s", json.dumps({
+                "endpoint": path, "model": spec.name, "key": key_hex(whole),
+                "items": len(items), "slots": [r.answered_by for r in routes]}))
         body_out = replies[0].body if not is_list else self._merge_pooling(replies, whole_key)
         return GatewayResult(model=spec.name, body=body_out, key=whole, routes=routes,
                              endpoint=path)
