@@ -49,6 +49,7 @@ def multinode_config(demo_models: Path, where: list[str]) -> dict:
                    "fallback_strategy": [{"label_selector": {NODE_LABEL: where[0]}}]}
                   for n in where[1:]])
     app["args"]["models"] = [rm]
+    app["args"].pop("programs", None)  # their components name the judge, not served here
     app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
                               "default_reward_model": "rm", "ingress_replicas": 2,
                               "cache": "off"}  # node loss must reach the engines
