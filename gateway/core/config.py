@@ -290,6 +290,12 @@ class LedgerSettings(BaseModel):
     retention_rows: int | None = Field(default=None, gt=0, description="At most this many "
                                        "rows are kept, the oldest deleted first; none: all.")
 
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        """YAML 1.1 reads a bare `off` as false: `backend: off` means off."""
+        return "off" if v is False else v
+
     def sqlite_path(self) -> Path:
         """The SQLite file, resolved where it is opened (``~`` expanded)."""
         return Path(os.path.expanduser(self.state_dir or default_state_dir())) / "ledger.sqlite3"
@@ -386,6 +392,12 @@ class GatewaySettings(BaseModel):
         " configured, auth is off. `/health` and `/metrics` stay open."))
     api_keys_file: str | None = Field(default=None, description="A file of API keys, one "
                                       "per line (with `api_keys_env`).")
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: Any) -> Any:
+        """YAML 1.1 reads bare `on`/`off` as true/false: `cache: off` means off."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     def load_api_keys(self) -> frozenset[str]:
         keys = [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",")]

@@ -22,6 +22,19 @@ from gateway.core.scorers.base import RuleCall
 from gateway.rules.checks import run_check
 
 
+def _die_with_the_ingress() -> None:
+    """Worker initializer (Linux): the kernel kills the worker when the process that
+    started it dies, so a check still running (a regex that never ends) cannot outlive an
+    ingress that was killed without closing its pool."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
@@ -32,7 +45,7 @@ class RulePool:
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or default_workers()
-        self._pool = ProcessPool(max_workers=self.workers,
+        self._pool = ProcessPool(max_workers=self.workers, initializer=_die_with_the_ingress,
                                  context=multiprocessing.get_context("spawn"))
 
     async def run(self, call: RuleCall) -> float:

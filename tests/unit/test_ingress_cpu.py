@@ -3,10 +3,11 @@ answers at no cost, against a bare pass-through measured in the same test
 (``benchmarks/ingress_cpu.py``). A ratio, never an absolute time: a change that makes every
 request cost more shows here on every run.
 
-Measured when this test was written (2 cores, the rest of the suite idle): classify 4.9x,
-chat 5.3x, rewards 6.6x the bare route (before the API-key dependency left FastAPI's thread
-pool: 11.5x, 14.1x, 15.0x). The bound leaves room for a noisy host, not for a regression
-of that size.
+Measured when this test was written (2 cores, nothing else running; this test's own
+settings, three runs): classify 6.4-7.2x, chat 6.2-7.2x, rewards 8.7-9.6x the bare route.
+Before the API-key dependency left FastAPI's thread pool (``benchmarks/ingress_cpu.py``,
+2,000 requests x 5 rounds, medians): 19.6x, 15.3x, 20.4x. The bound leaves room for a noisy
+host, not for a regression of that size.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 from benchmarks.ingress_cpu import measure
 
 #: The largest ratio accepted for any of the three requests.
-BOUND = 10.0
+BOUND = 14.0
 
 
 async def test_the_ingress_costs_a_bounded_multiple_of_a_bare_route():
-    result = await measure(requests=300, rounds=3)
+    result = await measure(requests=400, rounds=5)
     print({name: r["ratio"] for name, r in result.items()})
     assert set(result) == {"classify", "chat", "rewards"}
     for name, r in result.items():
