@@ -2,7 +2,8 @@
 tokenizer (the ``judge_prob`` and ``expected_rating`` scorers read the log-probability of
 given token ids, so the strings of the config become ids here).
 
-A label must be exactly one token (``tokenizer.encode(label, add_special_tokens=False)``):
+A label must be exactly one token (``encode(label, add_special_tokens=False)`` of the
+model's tokenizer):
 a label of two tokens has no single probability at the first answer position, and reading
 its first token alone would silently mix labels that share it. Ids set in the config are
 kept as they are (a model folder without a tokenizer, or a token the strings cannot name).
@@ -11,6 +12,7 @@ kept as they are (a model folder without a tokenizer, or a token the strings can
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from gateway.core.config import AppConfig
@@ -18,14 +20,24 @@ from gateway.core.scorers.specs import ExpectedRatingSpec, JudgeProbSpec
 
 
 @lru_cache(maxsize=None)
-def _tokenizer(model_path: str) -> Any:
+def _encoder(model_path: str) -> Any:
+    """``text -> ids`` of the model's tokenizer: its ``tokenizer.json`` with the
+    ``tokenizers`` library (what a fast HF tokenizer runs; milliseconds to load), else
+    ``transformers``' AutoTokenizer (seconds to import, in the ingress's start)."""
+    path = Path(model_path) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(path))
+        return lambda text: fast.encode(text, add_special_tokens=False).ids
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    slow = AutoTokenizer.from_pretrained(model_path)
+    return lambda text: slow.encode(text, add_special_tokens=False)
 
 
 def token_id(model_path: str, text: str, where: str) -> int:
-    ids = _tokenizer(model_path).encode(text, add_special_tokens=False)
+    ids = _encoder(model_path)(text)
     if len(ids) != 1:
         raise ValueError(f"{where}: label {text!r} is {len(ids)} tokens {ids} of the model's "
                          f"tokenizer, not one; pick a one-token label or set the token ids")

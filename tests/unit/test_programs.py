@@ -339,3 +339,22 @@ def test_config_checks_programs_and_scorers_at_load():
 def test_reward_input_is_what_every_scorer_reads():
     item = RewardInput(0, "q", "r", "l")
     assert item.messages is None and item.text is None
+
+
+def test_label_strings_resolve_to_one_token_each_from_the_models_tokenizer(tmp_path):
+    """The byte-level tokenizer of the demo models: "1" is one token (49), "Yes" is three
+    (refused at start, naming the label)."""
+    from deployments.demo.models import tokenizer_json
+    from gateway.serve.labels import resolve_label_tokens
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    judge = {**CONFIG["models"][0], "model_path": str(tmp_path)}
+    cfg = {**CONFIG, "models": [judge, CONFIG["models"][1]], "programs": [
+        {"name": "p", "components": [{"name": "j", "model": "judge", "scorer": {
+            "type": "judge_prob", "yes": ["1"], "no": ["0"]}}]}]}
+    resolved = resolve_label_tokens(AppConfig.model_validate(cfg))
+    scorer = resolved.programs[0].components[0].scorer
+    assert (scorer.yes_token_ids, scorer.no_token_ids) == ([49], [48])
+    cfg["programs"][0]["components"][0]["scorer"]["yes"] = ["Yes"]
+    with pytest.raises(ValueError, match="'Yes' is 3 tokens"):
+        resolve_label_tokens(AppConfig.model_validate(cfg))
