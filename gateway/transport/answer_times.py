@@ -28,7 +28,13 @@ class AnswerTimes:
         self.alpha = alpha
         self.gauge = gauge  # where the mean is shown (rmgate_slot_answer_seconds)
         self.mean_s: float | None = None
-        self._inflight: dict[int, float] = {}
+        #: token -> (start, share) of the requests in flight
+        self._inflight: dict[int, tuple[float, int]] = {}
+        #: share -> {token: start} in start order (the clock never goes back): the oldest
+        #: request of each share is its first entry, so ``seconds`` looks at one request per
+        #: distinct share instead of every request in flight (it runs for every slot at
+        #: every placement: 4.6 % of an ingress's CPU under load, before)
+        self._by_share: dict[int, dict[int, float]] = {}
         self._ids = itertools.count()
 
     def started(self, share: int = 1) -> int:
@@ -39,15 +45,23 @@ class AnswerTimes:
         slow-slot benchmark unnormalized round trips made the busy fast slot look slower
         than the stalled one, and keys moved *to* the stalled slot)."""
         token = next(self._ids)
-        self._inflight[token] = (self.clock(), max(1, share))
+        start, share = self.clock(), max(1, share)
+        self._inflight[token] = (start, share)
+        self._by_share.setdefault(share, {})[token] = start
         return token
 
     def finished(self, token: int, answered: bool) -> None:
         """The request came back; ``answered``: with an answer (its time counts)."""
         started = self._inflight.pop(token, None)
-        if started is None or not answered:
+        if started is None:
             return
         start, share = started
+        group = self._by_share[share]
+        del group[token]
+        if not group:
+            del self._by_share[share]
+        if not answered:
+            return
         elapsed = (self.clock() - start) / share
         self.mean_s = elapsed if self.mean_s is None else \
             self.mean_s + self.alpha * (elapsed - self.mean_s)
@@ -57,6 +71,6 @@ class AnswerTimes:
     def seconds(self) -> float:
         """The slot's current estimate of seconds per answer (0.0 before any)."""
         now = self.clock()
-        age = max(((now - start) / share for start, share in self._inflight.values()),
-                  default=0.0)
+        age = max(((now - next(iter(group.values()))) / share
+                   for share, group in self._by_share.items()), default=0.0)
         return max(self.mean_s or 0.0, age)

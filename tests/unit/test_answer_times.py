@@ -56,3 +56,25 @@ def test_the_mean_is_shown_on_the_slots_gauge():
     clock.now = 3.0
     times.finished(t, answered=True)
     assert gauge.value == 1.5
+
+
+def test_the_peak_age_is_the_one_over_every_request_in_flight():
+    """``seconds`` looks at the oldest request of each share only: the same value as the
+    maximum over every request in flight, on random starts, shares and finishes."""
+    import random
+
+    rng = random.Random(3)
+    now = [0.0]
+    times = AnswerTimes(lambda: now[0], alpha=0.5)
+    live: dict[int, tuple[float, int]] = {}
+    for _ in range(2000):
+        now[0] += rng.random() * 0.01
+        if live and rng.random() < 0.45:
+            token = rng.choice(list(live))
+            del live[token]
+            times.finished(token, answered=rng.random() < 0.8)
+        else:
+            share = rng.choice([1, 1, 2, 3, 4, 8])
+            live[times.started(share)] = (now[0], share)
+        brute = max([(now[0] - s) / k for s, k in live.values()], default=0.0)
+        assert times.seconds() == max(times.mean_s or 0.0, brute)
