@@ -108,6 +108,20 @@ def wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
         time.sleep(1.0)
 
 
+def describe_processes(pids: Iterable[int]) -> list[str]:
+    """``pid ppid command line`` of each, for a failure message."""
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                "utf-8", "replace")[:200]
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        out.append(f"{pid} (parent {ppid}): {cmd}")
+    return out
+
+
 def end_leftovers(marker: str, timeout_s: float = 60.0) -> list[int]:
     """``wait_until_gone``, then SIGKILL by pid whatever still carries ``marker`` (only
     processes this gateway started carry it): after a start-up that failed, engines

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from deployments.engine.process import free_port
-from gateway.harness.processes import (end_leftovers, processes_with_env,  # noqa: F401
+from gateway.harness.processes import (describe_processes, end_leftovers,  # noqa: F401
+                                       processes_with_env,
                                        stop_process_group, wait_until_gone)
 from gateway.harness.running import wait_until_serving
 
@@ -82,15 +83,20 @@ def gateway(demo_models, tmp_path_factory, ledger_postgres):
             [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port)],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    os.environ["RMGATE_TEST_ENGINE_LOGS"] = env["RMGATE_LOG_DIR"]
+    # the engines' log folder is the gateway's process marker (RMGATE_LOG_DIR): this process
+    # holds only its parent, so what the tests start here (a unit test's rule pool and its
+    # resource tracker, which live until pytest exits) is not counted as the gateway's
+    os.environ["RMGATE_TEST_LOG_ROOT"] = str(log.parent)
     os.environ["RMGATE_TEST_SERVE_LOG"] = str(log)
     try:
         wait_until_serving(url, proc, log, START_TIMEOUT_S)
         yield url, proc
     finally:
         stop_process_group(proc)
-        leftovers = end_leftovers(env["RMGATE_LOG_DIR"])  # killed by pid, still a failure
-        assert not leftovers, f"processes left after shutdown: {leftovers}"
+        left = wait_until_gone(env["RMGATE_LOG_DIR"])
+        described = describe_processes(left)  # what they were, for the failure message
+        leftovers = end_leftovers(env["RMGATE_LOG_DIR"], timeout_s=0)  # killed by pid
+        assert not leftovers, f"processes left after shutdown: {described}"
 
 
 @pytest.fixture(scope="session")

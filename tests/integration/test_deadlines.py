@@ -25,7 +25,7 @@ SLOT_APPS = {"judge-0": "/v1/chat/completions", "judge-1": "/v1/chat/completions
 
 
 def _engines() -> Path:
-    return Path(os.environ["RMGATE_TEST_ENGINE_LOGS"])
+    return (Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines")
 
 
 def _body(path: str, model: str) -> dict:

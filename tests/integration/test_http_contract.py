@@ -116,7 +116,7 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     before = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
     assert before.headers["x-rmgate-slot"] == "1"
     old_fp = httpx.get(url + "/v1/models", timeout=30).json()
-    engine_dir = Path(os.environ.get("RMGATE_TEST_ENGINE_LOGS", ""))
+    engine_dir = (Path(os.environ.get("RMGATE_TEST_LOG_ROOT", "/nonexistent")) / "engines")
     logs = sorted(engine_dir.glob("judge-1-*.log"))
     items = sum_items(300, seed=9)
     reference = RewardClient(url, model="rm", concurrency=8).score(items)

@@ -36,7 +36,7 @@ def dashboard() -> str:
 
 
 def engine_logs(prefix: str) -> list[str]:
-    return sorted(p.name for p in Path(os.environ["RMGATE_TEST_ENGINE_LOGS"]).glob(f"{prefix}-*.log"))
+    return sorted(p.name for p in (Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines").glob(f"{prefix}-*.log"))
 
 
 async def classify_all(url: str, texts: list[str]) -> dict[str, tuple[int, int, list[float]]]:
