@@ -110,6 +110,10 @@ class Model:
     extra: dict[str, Any] = field(default_factory=dict)
     #: model-level config keys beside the engine arguments (e.g. ``serialize_inflight``)
     spec: dict[str, Any] = field(default_factory=dict)
+    #: the engine arguments and environment of a shipped config's model, whole (then
+    #: ``max_num_seqs``, ``kv_gib`` and ``extra`` are read from / laid over them)
+    engine_args: dict[str, Any] | None = None
+    engine_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +129,10 @@ class Layout:
     #: engines started beside the gateway, reached directly only (``phase_standalone``)
     standalone: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    #: the shipped config the layout stands for (its engine settings, slots and ingress
+    #: replicas are the layout's; ``--ingress-replicas`` overrides only when given)
+    config: str = ""
+    ingress_replicas: int = 1
 
 
 def _core(size: str, n_tp: dict[str, tuple[int, int]], replay_n: int, anchors: list[str],
@@ -146,7 +154,96 @@ def _tp(kind: str, levels: list[int], *paths: str, rounds: int = 1, **kw: Any
                            **({"paths": list(paths)} if paths else {}), **kw})
 
 
+def shipped_models(config: str) -> tuple[dict[str, Model], int]:
+    """The models of a shipped config as the benchmark's ``<kind>-auto`` models (its judge
+    is ``grm``, its DisRM ``rm``) with the config's slots, engine arguments and environment,
+    and the config's ingress replicas: a layout that stands for a config measures it."""
+    cfg = yaml.safe_load((REPO / config).read_text())
+    args = cfg["applications"][0]["args"]
+    out: dict[str, Model] = {}
+    for spec in args["models"]:
+        kind = "grm" if spec["kind"] == "generative" else "rm"
+        ea = dict(spec.get("engine_args") or {})
+        out[kind] = Model(f"{kind}-{spec.get('determinism', 'auto')}", kind,
+                          spec.get("determinism", "auto"), slots=int(spec.get("replicas", 1)),
+                          max_num_seqs=int(ea.get("max_num_seqs", 256)),
+                          kv_gib=ea.get("kv_cache_memory_bytes", 2 * GIB) / GIB,
+                          engine_args=ea, engine_env=dict(spec.get("engine_env") or {}))
+    return out, int((args.get("gateway") or {}).get("ingress_replicas", 1))
+
+
+def variant(base: Model, tag: str, *, slots: int | None = None, mode: str | None = None,
+            **engine: Any) -> Model:
+    """``base`` with one thing changed: its slot count, its determinism, or engine arguments
+    (``None`` removes one). Named ``<kind>-<mode>[-<tag>]``."""
+    mode = mode or base.mode
+    return Model(f"{base.kind}-{mode}" + (f"-{tag}" if tag else ""), base.kind, mode,
+                 slots=base.slots if slots is None else slots, max_num_seqs=base.max_num_seqs,
+                 kv_gib=base.kv_gib, extra={**base.extra, **engine}, spec=dict(base.spec),
+                 engine_args=base.engine_args, engine_env=dict(base.engine_env))
+
+
+#: The engine settings tried one at a time against the shipped DisRM (``configs/gpu-small.yaml``):
+#: tag -> variant arguments. ``off`` is the same engines without batch invariance: what
+#: invariance itself costs.
+SWEEP = {
+    "0.5b": {"s8": {"slots": 8}, "mnbt16k": {"max_num_batched_tokens": 16384},
+             "eager": {"enforce_eager": True}, "fa3": {"attention_backend": "FLASH_ATTN"},
+             "off": {"mode": "off"}},
+    "1.5b": {"s2": {"slots": 2}, "mnbt16k": {"max_num_batched_tokens": 16384},
+             "fa3": {"attention_backend": "FLASH_ATTN"}, "off": {"mode": "off"}},
+}
+
+
+def _sweep(size: str, levels: list[int]) -> Layout:
+    """The shipped DisRM (its config's slots, engine arguments, ingress replicas) and one
+    variant per engine setting, all on one GPU, each measured alone: reached directly and
+    through rmgate, every answer compared with the shipped engines' bits; the framework
+    anchor first, the shipped engines measured again last (the run's drift)."""
+    shipped, ingress = shipped_models("configs/gpu-small.yaml")
+    # 1 GiB of KV cache for every variant (~87k tokens at 0.5B, ~37k at 1.5B; a c=1024 load
+    # of the 207-token mix holds at most ~27k per slot): 20+ engines fit one GPU
+    rm = variant(shipped["rm"], "")
+    rm.kv_gib = 1.0
+    models = [rm]
+    phases: list[tuple[str, dict[str, Any]]] = [("framework", {"kind": "rm"}),
+                                                 _tp("rm", levels, "engine_auto", "rmgate_auto",
+                                                     label="shipped", bits=True)]
+    for tag, change in SWEEP[size].items():
+        change = dict(change)
+        mode = change.pop("mode", None)
+        slots = change.pop("slots", None)
+        m = variant(rm, "" if mode else tag, slots=slots, mode=mode, **change)
+        models.append(m)
+        paths = ("engine_off", "rmgate_off") if mode == "off" else ("engine_auto", "rmgate_auto")
+        phases.append(_tp("rm", levels, *paths, model_tag="" if mode else tag,
+                          label=tag if mode else "", bits=True))
+    phases.append(_tp("rm", levels, "engine_auto", "rmgate_auto", label="again", bits=True))
+    return Layout(size, models, [], phases, {"rm": (3072, 384)}, config="configs/gpu-small.yaml",
+                  ingress_replicas=ingress,
+                  note=f"the shipped DisRM ({rm.slots} slots) and one engine setting changed at a "
+                       f"time: {', '.join(SWEEP[size])}; KV 1 GiB each; the framework anchor first")
+
+
+def _shipped(size: str, levels: list[int]) -> Layout:
+    """configs/gpu-small.yaml as shipped (judge and DisRM, their slots, engine arguments
+    and ingress replicas) at ``size``, the framework anchor in the same run."""
+    shipped, ingress = shipped_models("configs/gpu-small.yaml")
+    return Layout(size, [shipped["rm"], shipped["grm"]], [], [
+        ("framework", {"kind": "rm"}),
+        _tp("rm", levels, "engine_auto", "rmgate_auto", rounds=2, bits=True),
+        _tp("grm", levels, "engine_auto", "rmgate_auto"),
+    ], {"rm": (3072, 384), "grm": (1024, 32)}, config="configs/gpu-small.yaml",
+        ingress_replicas=ingress, note="configs/gpu-small.yaml as shipped, with the framework anchor")
+
+
 LAYOUTS: dict[str, Callable[[], Layout]] = {
+    # Engine settings one at a time against the shipped DisRM, with the framework anchor.
+    "sweep-0.5b": lambda: _sweep("0.5b", [256, 1024]),
+    "sweep-1.5b": lambda: _sweep("1.5b", [256, 1024]),
+    # The shipped small-model config, exactly, with the framework anchor.
+    "shipped-0.5b": lambda: _shipped("0.5b", [256]),
+    "shipped-1.5b": lambda: _shipped("1.5b", [256]),
     # The core claim at 0.5B: every path side by side, the offline anchor, the replay.
     "core-0.5b": lambda: _core("0.5b", {"rm": (2048, 384), "grm": (512, 32)}, 1000,
                                ["rm", "grm"], {"grm": 4, "rm": 4}, [64, 256], 2),
@@ -302,17 +399,21 @@ def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
     models = []
     for m in layout.models:
         info = built[grm if m.kind == "grm" else rm]
-        args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 2048,
-                                "max_num_seqs": m.max_num_seqs,
-                                "kv_cache_memory_bytes": int(m.kv_gib * GIB),
-                                "gpu_memory_utilization": 0.04}
+        if m.engine_args is not None:  # a shipped config's engine: its arguments whole
+            args: dict[str, Any] = {**m.engine_args, "max_num_seqs": m.max_num_seqs,
+                                    "kv_cache_memory_bytes": int(m.kv_gib * GIB)}
+        else:
+            args = {"dtype": "bfloat16", "max_model_len": 2048, "max_num_seqs": m.max_num_seqs,
+                    "kv_cache_memory_bytes": int(m.kv_gib * GIB), "gpu_memory_utilization": 0.04}
         if info["weights"] == "dummy":
             args["load_format"] = "dummy"
         args.update(m.extra)
+        args = {k: v for k, v in args.items() if v is not None}
         models.append({
             "name": m.name, "kind": "generative" if m.kind == "grm" else "discriminative",
             "model_path": info["path"], "replicas": m.slots, "determinism": m.mode,
-            "engine_args": args, "engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+            "engine_args": args,
+            "engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", **m.engine_env},
             "ray_actor_options": {"num_cpus": 0, "num_gpus": frac},
             "max_queue_per_slot": 100000, "startup_timeout_s": 900, **m.spec})
     return {"http_options": {"host": "127.0.0.1", "port": 8000},
@@ -437,6 +538,7 @@ class Bench:
         self.ingress_replicas = ingress_replicas
         self.deadline = T0 + deadline_s
         self.report: dict[str, Any] = {"layout": layout_name, "size": layout.size,
+                                       "stands_for": layout.config or None,
                                        "note": layout.note, "date": time.strftime("%Y-%m-%d"),
                                        "phases": {}, "skipped": [], "errors": []}
         self.gpu = GpuSampler()
@@ -450,6 +552,9 @@ class Bench:
         self.anchor_procs: dict[str, subprocess.Popen] = {}
         self.slots = {m.name: m.slots for m in layout.models}
         self.standalone: list[tuple[dict[str, Any], subprocess.Popen, str]] = []
+        self.framework: dict[str, float | None] = {}
+        self.bits_ref: dict[tuple, dict[int, str]] = {}
+        self.built: dict[str, dict[str, Any]] = {}
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -565,9 +670,43 @@ class Bench:
                 f"errors {rows['auto'][-1]['errors']}/{rows['off'][-1]['errors']})")
         self.report["phases"]["replay"] = {"requests": n, "gen_tokens": 16, "runs": rows}
 
+    def phase_framework(self, kind: str) -> None:
+        """The framework anchor (``framework_anchor.py``: a plain ``transformers`` forward of
+        the same model, bucketed by length) over the throughput phases' requests, in a child
+        process while the engines are idle."""
+        if kind != "rm":
+            raise ValueError("the framework anchor is a DisRM forward")
+        grm, rm = SIZES[self.layout.size]
+        n = self.layout.n_tp[kind][0]
+        d = WORK / "framework"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        spec = {"model": self.built[rm]["path"], "out": str(d / "result.json"),
+                "texts": [rm_text(50_000 + i) for i in range(n)]}
+        (d / "spec.json").write_text(json.dumps(spec))
+        t0 = time.time()
+        with open(d / "log.txt", "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.framework_anchor",
+                                     str(d / "spec.json")], cwd=REPO, stdout=fh,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=max(30.0, min(240.0, self.left() - 60)))
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+        res = Path(spec["out"])
+        out = json.loads(res.read_text()) if res.exists() else {
+            "error": "no result: " + (d / "log.txt").read_text(errors="replace")[-1500:]}
+        w = self.gpu.window(t0, time.time())
+        if w:
+            out.update(w)
+        self.framework[kind] = out.get("req_per_s")
+        self.report["phases"][f"framework_{kind}"] = out
+        log(f"framework anchor {kind}: {out.get('req_per_s')} req/s "
+            f"(best budget {out.get('best', {}).get('budget')}, {out.get('error', 'ok')})")
+
     def phase_throughput(self, kind: str, levels: list[int], rounds: int,
                          paths: list[str] | None = None, model_tag: str = "",
-                         label: str = "") -> None:
+                         label: str = "", bits: bool = False) -> None:
         n, n_ser = self.layout.n_tp[kind]
         all_paths = self.paths(kind, model_tag)
         chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
@@ -587,12 +726,18 @@ class Bench:
                     calls = self.calls(kind, model, n_ser if serial else n, 50_000 + 10_000 * rnd)
                     if rnd == 0 and c == levels[0]:  # warm-up: connections, kernels of new shapes
                         self.lg.run(urls, calls[:64], 64)
-                    r = self.measure(urls, calls, c)
+                    r = self.measure(urls, calls, c, keep_answers=bits)
+                    if bits:  # every path of the kind against the first answers measured
+                        answers = r.pop("answers")
+                        ref = self.bits_ref.setdefault((kind, len(calls), calls[0][1].get("input", "")
+                                                        if kind == "rm" else 0), answers)
+                        r["differing_from_reference"] = sum(answers.get(i) != ref.get(i) for i in ref)
                     samples[p].append(r)
                     log(f"{key} c={c} {p}: {r['req_per_s']} req/s"
                         + (f", {r['gen_tok_per_s']} tok/s" if r.get("gen_tok_per_s") else "")
                         + f", gw cpu {r['gateway_cpu_ms_per_req']} ms, lg cpu {r['loadgen_cpu_ms_per_req']} ms"
-                        + f", gpu {r.get('gpu_util_pct')}%, errors {r['errors']}")
+                        + f", gpu {r.get('gpu_util_pct')}%, errors {r['errors']}"
+                        + (f", differing bits {r['differing_from_reference']}" if bits else ""))
             row = {}
             for p, rs in samples.items():
                 if not rs:
@@ -601,7 +746,7 @@ class Bench:
                 best = min(rs, key=lambda x: abs(x["req_per_s"] - med))
                 row[p] = {**best, "req_per_s": med, "req_per_s_rounds": [x["req_per_s"] for x in rs]}
             result["paths"][str(c)] = row
-            result.setdefault("ratios", {})[str(c)] = ratios(row)
+            result.setdefault("ratios", {})[str(c)] = ratios(row, self.framework.get(kind))
             self.save()
 
     def phase_old_paths(self) -> None:
@@ -800,6 +945,7 @@ class Bench:
             from benchmarks.gpu.models_gpu import build_in_child
 
             built = build_in_child(WORK / "models", names)
+        self.built = built
         self.report["build"] = {"seconds": round(time.monotonic() - t, 1), "models": built}
         log(f"models ready in {time.monotonic() - t:.0f}s: {built}")
         cfg = serve_config(lay, built, self.ingress_replicas)
@@ -863,7 +1009,7 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def ratios(row: dict[str, Any]) -> dict[str, float]:
+def ratios(row: dict[str, Any], framework: float | None = None) -> dict[str, float]:
     def r(a: str, b: str) -> float | None:
         if a in row and b in row and row[b]["req_per_s"]:
             return round(row[a]["req_per_s"] / row[b]["req_per_s"], 3)
@@ -875,6 +1021,9 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
            "rmgate_off/engine_off": r("rmgate_off", "engine_off"),
            "rmgate_off/least_loaded_off": r("rmgate_off", "least_loaded_off"),
            "rmgate_auto/least_loaded_off": r("rmgate_auto", "least_loaded_off")}
+    for p in ("rmgate_auto", "engine_auto", "rmgate_off", "engine_off"):
+        if framework and p in row:  # against the framework anchor of the same run
+            out[f"{p}/framework"] = round(row[p]["req_per_s"] / framework, 3)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -956,7 +1105,7 @@ def fake_gateway(layout: Layout) -> Iterator[tuple[str, Path, Path]]:
 def scaled_down(layout: Layout) -> Layout:
     layout.n_tp = {k: (max(16, a // 16), max(8, b // 8)) for k, (a, b) in layout.n_tp.items()}
     layout.phases = [(p, {**kw, "n": 40} if p == "replay" else kw) for p, kw in layout.phases
-                     if p not in ("ingress", "scale")]
+                     if p not in ("ingress", "scale", "framework")]
     layout.anchors = []
     layout.standalone = []
     return layout
@@ -971,8 +1120,9 @@ def main() -> None:
     ap.add_argument("--fake", action="store_true", help="stub gateway and engines: a CPU dry run")
     ap.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
                     help="concurrency levels of every throughput phase, e.g. 256 or 64,256")
-    ap.add_argument("--ingress-replicas", type=int, default=1,
-                    help="gateway.ingress_replicas of the served config (the ingress's Serve replicas)")
+    ap.add_argument("--ingress-replicas", type=int, default=None,
+                    help="gateway.ingress_replicas of the served config (the ingress's Serve "
+                         "replicas); default: the layout's config's, else 1")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     layout = LAYOUTS[args.layout]()
@@ -981,8 +1131,9 @@ def main() -> None:
                          for p, kw in layout.phases]
     if args.fake:
         layout = scaled_down(layout)
-    name = args.layout + (f"-ingress{args.ingress_replicas}" if args.ingress_replicas != 1 else "")
-    bench = Bench(name, layout, args.out, args.deadline_s, args.fake, args.ingress_replicas)
+    ingress = layout.ingress_replicas if args.ingress_replicas is None else args.ingress_replicas
+    name = args.layout + (f"-ingress{ingress}" if ingress != layout.ingress_replicas else "")
+    bench = Bench(name, layout, args.out, args.deadline_s, args.fake, ingress)
     try:
         bench.run()
     except Exception as exc:
@@ -1004,6 +1155,8 @@ def print_summary(rep: dict[str, Any]) -> None:
             for c, row in ph["paths"].items():
                 print(f"  {name} c={c}: " + ", ".join(f"{p} {v['req_per_s']:.0f}" for p, v in row.items()))
                 print(f"     ratios {ph['ratios'][c]}")
+        elif name.startswith("framework"):
+            print(f"  {name}: {ph.get('req_per_s')} req/s ({ph.get('framework') or ph.get('error')})")
         elif name == "replay":
             print("  replay: " + "; ".join(f"{mode} " + "/".join(str(r["differing_from_run1"]) for r in runs)
                                           for mode, runs in ph["runs"].items()))
