@@ -676,7 +676,7 @@ class Bench:
         process while the engines are idle."""
         if kind != "rm":
             raise ValueError("the framework anchor is a DisRM forward")
-        grm, rm = SIZES[self.layout.size]
+        rm = SIZES[self.layout.size][1]
         n = self.layout.n_tp[kind][0]
         d = WORK / "framework"
         shutil.rmtree(d, ignore_errors=True)
