@@ -195,7 +195,7 @@ SWEEP = {
 }
 
 
-def _sweep(size: str, levels: list[int]) -> Layout:
+def _sweep(size: str, levels: list[int], only: list[str] | None = None) -> Layout:
     """The shipped DisRM (its config's slots, engine arguments, ingress replicas) and one
     variant per engine setting, all on one GPU, each measured alone: reached directly and
     through rmgate, every answer compared with the shipped engines' bits; the framework
@@ -209,8 +209,9 @@ def _sweep(size: str, levels: list[int]) -> Layout:
     phases: list[tuple[str, dict[str, Any]]] = [("framework", {"kind": "rm"}),
                                                  _tp("rm", levels, "engine_auto", "rmgate_auto",
                                                      label="shipped", bits=True)]
-    for tag, change in SWEEP[size].items():
-        change = dict(change)
+    tags = [t for t in SWEEP[size] if only is None or t in only]
+    for tag in tags:
+        change = dict(SWEEP[size][tag])
         mode = change.pop("mode", None)
         slots = change.pop("slots", None)
         m = variant(rm, "" if mode else tag, slots=slots, mode=mode, **change)
@@ -222,7 +223,7 @@ def _sweep(size: str, levels: list[int]) -> Layout:
     return Layout(size, models, [], phases, {"rm": (3072, 384)}, config="configs/gpu-small.yaml",
                   ingress_replicas=ingress,
                   note=f"the shipped DisRM ({rm.slots} slots) and one engine setting changed at a "
-                       f"time: {', '.join(SWEEP[size])}; KV 1 GiB each; the framework anchor first")
+                       f"time: {', '.join(tags)}; KV 1 GiB each; the framework anchor first")
 
 
 def _shipped(size: str, levels: list[int]) -> Layout:
@@ -1123,16 +1124,26 @@ def main() -> None:
     ap.add_argument("--ingress-replicas", type=int, default=None,
                     help="gateway.ingress_replicas of the served config (the ingress's Serve "
                          "replicas); default: the layout's config's, else 1")
+    ap.add_argument("--variants", type=lambda v: v.split(","),
+                    help="sweep-* only: the engine settings to try (default: all of SWEEP)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     layout = LAYOUTS[args.layout]()
+    if args.variants:
+        if not args.layout.startswith("sweep-"):
+            ap.error("--variants is for the sweep-* layouts")
+        unknown = set(args.variants) - set(SWEEP[layout.size])
+        if unknown:
+            ap.error(f"unknown variants {sorted(unknown)}; known: {sorted(SWEEP[layout.size])}")
+        layout = _sweep(layout.size, [256, 1024], args.variants)
     if args.levels:
         layout.phases = [(p, {**kw, "levels": args.levels} if p == "throughput" else kw)
                          for p, kw in layout.phases]
     if args.fake:
         layout = scaled_down(layout)
     ingress = layout.ingress_replicas if args.ingress_replicas is None else args.ingress_replicas
-    name = args.layout + (f"-ingress{ingress}" if ingress != layout.ingress_replicas else "")
+    name = (args.layout + (f"-{'-'.join(args.variants)}" if args.variants else "")
+            + (f"-ingress{ingress}" if ingress != layout.ingress_replicas else ""))
     bench = Bench(name, layout, args.out, args.deadline_s, args.fake, ingress)
     try:
         bench.run()
