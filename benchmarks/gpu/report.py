@@ -61,6 +61,37 @@ def throughput_table(rep: dict[str, Any], kind: str) -> list[str]:
     return out
 
 
+def framework_table(reps: list[dict[str, Any]]) -> list[str]:
+    """Every DisRM throughput row of a run that has the framework anchor (``framework_rm``:
+    a plain ``transformers`` forward of the same model, bucketed by length, same requests):
+    the engines reached directly and rmgate, each × the anchor, and how many answers
+    differ in bits from the run's first (the shipped engines')."""
+    out = ["\n| run | size | engines (variant) | c | framework req/s | engine direct req/s (× fw) "
+           "| rmgate req/s (× fw) | differing bits | gateway CPU ms/req | GPU util % |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for rep in reps:
+        fw = (rep["phases"].get("framework_rm") or {}).get("req_per_s")
+        if not fw:
+            continue
+        for key, ph in rep["phases"].items():
+            if not (key == "throughput_rm" or key.startswith("throughput_rm_")):
+                continue
+            variant = key.removeprefix("throughput_rm").lstrip("_") or "shipped"
+            for c, row in ph["paths"].items():
+                eng = row.get("engine_auto") or row.get("engine_off")
+                gw = row.get("rmgate_auto") or row.get("rmgate_off")
+                if not eng and not gw:
+                    continue
+                bits = {str(x.get("differing_from_reference")) for x in (eng, gw) if x}
+                out.append(
+                    f"| {rep['layout']} | {rep['size']} | {variant} | {c} | {fmt(fw)} | "
+                    + (f"{fmt(eng['req_per_s'])} ({eng['req_per_s'] / fw:.2f}×)" if eng else "–") + " | "
+                    + (f"{fmt(gw['req_per_s'])} ({gw['req_per_s'] / fw:.2f}×)" if gw else "–") + " | "
+                    + "/".join(sorted(bits)) + f" | {fmt((gw or {}).get('gateway_cpu_ms_per_req'), 2)} | "
+                    + f"{fmt((gw or eng).get('gpu_util_pct'))} |")
+    return out
+
+
 def replay_table(reps: list[dict[str, Any]]) -> list[str]:
     out = ["\n| size | requests (½ GRM 16 tok, ½ DisRM) | `auto` differing c=1 / 64 / 256 | `off` differing c=1 / 64 / 256 | errors |",
            "|---|---|---|---|---|"]
@@ -114,6 +145,9 @@ def main() -> None:
             lines += throughput_table(rep, kind)
         if rep["skipped"]:
             lines.append(f"\nSkipped (deadline): {', '.join(rep['skipped'])}")
+    if any("framework_rm" in rep["phases"] for rep in reps):
+        lines.append("\n### Against the framework anchor")
+        lines += framework_table(reps)
     lines.append("\n### Replay")
     lines += replay_table(reps)
     lines.append("\n### Old paths")

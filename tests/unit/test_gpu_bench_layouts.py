@@ -99,3 +99,48 @@ def test_gpu_model_shapes_match_the_real_sizes(tmp_path):
     assert cfg["architectures"] == ["Qwen2ForSequenceClassification"] and not cfg["tie_word_embeddings"]
     vocab = json.loads((tmp_path / "rm-7b" / "tokenizer.json").read_text())["model"]["vocab"]
     assert len(vocab) == cfg["vocab_size"] == 152064 and sorted(vocab.values()) == list(range(152064))
+
+
+def test_layouts_that_stand_for_a_config_take_its_settings():
+    """A layout that stands for configs/gpu-small.yaml measures that config: its slots,
+    engine arguments, environment and ingress replicas (a sweep changes one thing at a
+    time from there, and the KV cache, which the load does not reach)."""
+    import yaml
+
+    shipped = yaml.safe_load((bp.REPO / "configs" / "gpu-small.yaml").read_text())
+    args = shipped["applications"][0]["args"]
+    want = {("grm" if m["kind"] == "generative" else "rm"): m for m in args["models"]}
+    layout = bp.LAYOUTS["shipped-0.5b"]()
+    assert layout.config == "configs/gpu-small.yaml"
+    assert layout.ingress_replicas == args["gateway"]["ingress_replicas"]
+    cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+    got = {("grm" if m["kind"] == "generative" else "rm"): m for m in cfg["applications"][0]["args"]["models"]}
+    assert cfg["applications"][0]["args"]["gateway"]["ingress_replicas"] == 4
+    for kind, m in want.items():
+        assert got[kind]["replicas"] == m["replicas"]
+        assert got[kind]["engine_args"] == m["engine_args"]
+        assert got[kind]["engine_env"] == m["engine_env"]
+
+    sweep = bp.LAYOUTS["sweep-0.5b"]()
+    cfg = bp.serve_config(sweep, built(sweep), sweep.ingress_replicas)
+    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+    base = models["rm-auto"]
+    assert {k: v for k, v in base["engine_args"].items() if k != "kv_cache_memory_bytes"} == {
+        k: v for k, v in want["rm"]["engine_args"].items() if k != "kv_cache_memory_bytes"}
+    for name, m in models.items():
+        changed = {k for k in set(m["engine_args"]) | set(base["engine_args"])
+                   if m["engine_args"].get(k) != base["engine_args"].get(k)}
+        changed |= {k for k in ("replicas", "determinism") if m[k] != base[k]}
+        assert len(changed) == (0 if name == "rm-auto" else 1), (name, changed)
+    assert [p for p, _ in sweep.phases][0] == "framework"
+
+
+def test_framework_anchor_buckets_by_padded_tokens():
+    from benchmarks.gpu.framework_anchor import buckets
+
+    lengths = [5, 1, 3, 900, 4, 256, 256]
+    got = buckets(lengths, 1024, 3)
+    assert sorted(i for b in got for i in b) == list(range(len(lengths)))
+    for b in got:
+        assert len(b) <= 3 and (len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1024)
+    assert [[lengths[i] for i in b] for b in got] == [[1, 3, 4], [5, 256, 256], [900]]
