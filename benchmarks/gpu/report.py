@@ -66,8 +66,8 @@ def framework_table(reps: list[dict[str, Any]]) -> list[str]:
     a plain ``transformers`` forward of the same model, bucketed by length, same requests):
     the engines reached directly and rmgate, each × the anchor, and how many answers
     differ in bits from the run's first (the shipped engines')."""
-    out = ["\n| run | size | engines (variant) | c | framework req/s | engine direct req/s (× fw) "
-           "| rmgate req/s (× fw) | differing bits | gateway CPU ms/req | GPU util % |",
+    out = [("\n| run | size | engines (variant) | c | framework req/s | engine direct req/s (× fw) "
+            "| rmgate req/s (× fw) | differing bits | gateway CPU ms/req | GPU util % |"),
            "|---|---|---|---|---|---|---|---|---|---|"]
     for rep in reps:
         fw = (rep["phases"].get("framework_rm") or {}).get("req_per_s")

@@ -132,7 +132,7 @@ def test_layouts_that_stand_for_a_config_take_its_settings():
                    if m["engine_args"].get(k) != base["engine_args"].get(k)}
         changed |= {k for k in ("replicas", "determinism") if m[k] != base[k]}
         assert len(changed) == (0 if name == "rm-auto" else 1), (name, changed)
-    assert [p for p, _ in sweep.phases][0] == "framework"
+    assert next(p for p, _ in sweep.phases) == "framework"
 
 
 def test_framework_anchor_buckets_by_padded_tokens():
