@@ -17,10 +17,41 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RMGATE_STATE_DIR", tempfile.mkdtemp(prefix="rmgate-test-state-"))
 
 
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The order of the session, by file (a file's tests stay together, so a module's
+    gateway starts once):
+
+    0. unit tests that need no demo model, while the session gateway boots in the
+       background (``tests/integration/session_gateway.py``): they take one core of two;
+    1. unit tests that read the demo models (built by that boot when the checkout has none);
+    2. integration files that use the session gateway (it is stopped after the last);
+    3. integration files with gateways of their own (numerics classes, ``serve run``, the
+       wheel's demo), each then alone on the machine.
+    """
+    def rank(item: pytest.Item) -> int:
+        unit = "integration" not in item.path.parts
+        names = module_fixtures.get(item.path, set())
+        if unit:
+            return 1 if "demo_models" in names else 0
+        return 2 if "gateway" in names else 3
+
+    module_fixtures: dict[Path, set[str]] = {}
+    for item in items:
+        module_fixtures.setdefault(item.path, set()).update(getattr(item, "fixturenames", ()))
+    items[:] = sorted(items, key=rank)  # stable: file order kept within a rank
+
+
 @pytest.fixture(scope="session")
-def demo_models() -> Path:
+def demo_models(request) -> Path:
     from deployments.demo.models import build_demo_models, demo_models_present
 
+    try:  # the session gateway's boot builds them first when the checkout has none
+        from tests.integration.session_gateway import STARTED
+        started = request.config.stash.get(STARTED, None)
+    except ImportError:
+        started = None
+    if started is not None:
+        started.wait_built()
     if not demo_models_present(MODELS):
         build_demo_models(MODELS)
     return MODELS

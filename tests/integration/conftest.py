@@ -1,24 +1,25 @@
 """A real rmgate (Ray Serve + vLLM CPU engines) for the integration tests.
 
 Started once per session with the CLI a user runs (``rmgate serve``) in its own process
-group, and always shut down: SIGINT first (the CLI shuts Serve and Ray down), then SIGKILL
-to the whole group if it overstays.
+group, as soon as the tests are collected (``session_gateway.py``: it boots while the unit
+tests run), and always shut down after its last user: SIGINT first (the CLI shuts Serve and
+Ray down), then SIGKILL to the whole group if it overstays.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from deployments.engine.process import free_port
+from deployments.engine.process import free_port  # noqa: F401 - the tests' import
 from gateway.harness.processes import (describe_processes, end_leftovers,  # noqa: F401
                                        processes_with_env,
                                        stop_process_group, wait_until_gone)
 from gateway.harness.running import wait_until_serving
+from tests.integration import session_gateway
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_CONFIG = REPO / "configs" / "test-cpu.yaml"
@@ -28,13 +29,19 @@ TRAINER_ENVS = {"verl_python": "verl", "openrlhf_pkgs": "openrlhf", "trl_python"
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Start making the trainer environments the selected tests will need, in the
-    background, while the first gateways boot: on a clean clone that is a minute of pip
-    work the trainer tests no longer wait for. scripts/trainer_env.sh holds a lock per
-    environment, so the tests' own calls wait for a build in progress, then find it made."""
+    """Start what the selected tests will need, in the background, while the unit tests
+    run (first: ``tests/conftest.py``): the session gateway (``session_gateway.py``: the
+    demo models' build, then five engines' boot) and the trainer environments (on a clean
+    clone a minute of pip work the trainer tests no longer wait for; scripts/trainer_env.sh
+    holds a lock per environment, so the tests' own calls wait for a build in progress,
+    then find it made)."""
+    if config.option.collectonly:
+        return
+    if any("gateway" in getattr(item, "fixturenames", ()) for item in items):
+        session_gateway.start(config)
     wanted = [env for fixture, env in TRAINER_ENVS.items()
               if any(fixture in getattr(item, "fixturenames", ()) for item in items)]
-    if not wanted or config.option.collectonly:
+    if not wanted:
         return
     logs = REPO / ".venv-trainers"
     logs.mkdir(exist_ok=True)
@@ -53,54 +60,75 @@ def pytest_unconfigure(config) -> None:
 
 
 PREFETCH = pytest.StashKey[subprocess.Popen]()
+#: fixture name -> its teardown, run right after the last test that uses it
+EARLY_TEARDOWNS = pytest.StashKey[dict]()
+
+
+def end_after_last_user(config: pytest.Config, fixture: str, teardown) -> None:
+    """Run ``teardown`` (idempotent) after the session's last test that uses ``fixture``,
+    instead of at the session's end: the files with gateways of their own, which run
+    after the session gateway's users, then have the machine to themselves."""
+    config.stash.setdefault(EARLY_TEARDOWNS, {})[fixture] = teardown
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    teardowns = item.config.stash.get(EARLY_TEARDOWNS, {})
+    for fixture, teardown in list(teardowns.items()):
+        later = item.session.items[item.session.items.index(item) + 1:]
+        if fixture in item.fixturenames and not any(fixture in i.fixturenames for i in later):
+            del teardowns[fixture]
+            teardown()  # a leftover process fails this test's teardown, by name
+    return result
 
 
 @pytest.fixture(scope="session")
-def ledger_postgres():
+def ledger_postgres(request):
     """A throwaway PostgreSQL server (the machine's own binaries): the session gateway's
-    ledger. Tests may stop and start it (``ThrowawayPostgres.stop``/``start``)."""
-    from gateway.harness.postgres import ThrowawayPostgres
-    # in the system's temp dir: pytest's (mode 700, root's) is closed to the postgres user
-    server = ThrowawayPostgres()
+    ledger, started with it (``session_gateway.start``). Tests may stop and start it
+    (``ThrowawayPostgres.stop``/``start``)."""
+    server = session_gateway.start(request.config).postgres
     try:
-        server.start()
         yield server
     finally:
         server.destroy()
 
 
 @pytest.fixture(scope="session")
-def gateway(demo_models, tmp_path_factory, ledger_postgres):
+def gateway(request, demo_models, ledger_postgres):
     """(url, process) of a running ``rmgate serve configs/test-cpu.yaml`` (its ledger on
-    ``ledger_postgres``)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("rmgate") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RMGATE_LOG_DIR": str(log.parent / "engines"),
-           "RMGATE_LEDGER_DSN": ledger_postgres.dsn}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port)],
-            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    ``ledger_postgres``), started at collection (``session_gateway.py``) and stopped after
+    its last user."""
+    started = session_gateway.start(request.config)
+    proc, log, env, url = started.proc, started.log, started.env, started.url
     # the engines' log folder is the gateway's process marker (RMGATE_LOG_DIR): this process
     # holds only its parent, so what the tests start here (a unit test's rule pool and its
     # resource tracker, which live until pytest exits) is not counted as the gateway's
     os.environ["RMGATE_TEST_LOG_ROOT"] = str(log.parent)
     os.environ["RMGATE_TEST_SERVE_LOG"] = str(log)
-    try:
-        wait_until_serving(url, proc, log, START_TIMEOUT_S)
-        yield url, proc
-    finally:
+    done: list[bool] = []
+
+    def teardown() -> None:
+        if done:
+            return
+        done.append(True)
         stop_process_group(proc)
         left = wait_until_gone(env["RMGATE_LOG_DIR"])
         described = describe_processes(left)  # what they were, for the failure message
         leftovers = end_leftovers(env["RMGATE_LOG_DIR"], timeout_s=0)  # killed by pid
         assert not leftovers, f"processes left after shutdown: {described}"
 
+    end_after_last_user(request.config, "gateway", teardown)
+    try:
+        wait_until_serving(url, proc, log, START_TIMEOUT_S)
+        yield url, proc
+    finally:
+        teardown()
+
 
 @pytest.fixture(scope="session")
-def plain_engine(demo_models, tmp_path_factory):
+def plain_engine(request, demo_models, tmp_path_factory):
     """(engine, log folder) of one plain vLLM engine of the wide DisRM (``determinism:
     off``: vLLM's defaults), the negative controls' engine, shared by every control of the
     session (batch variance, ``rmgate check``, TRL's least-loaded runs): one engine start
@@ -117,11 +145,19 @@ def plain_engine(demo_models, tmp_path_factory):
             os.environ.pop("RMGATE_LOG_DIR", None)
         else:
             os.environ["RMGATE_LOG_DIR"] = old
+    done: list[bool] = []
+
+    def teardown() -> None:
+        if not done:
+            done.append(True)
+            engine.stop()
+            assert not wait_until_gone(str(logs)), "plain engine processes left behind"
+
+    end_after_last_user(request.config, "plain_engine", teardown)
     try:
         yield engine, logs
     finally:
-        engine.stop()
-        assert not wait_until_gone(str(logs)), "plain engine processes left behind"
+        teardown()
 
 
 def plain_wide_disrm(demo_models: Path, name: str):

@@ -1,7 +1,8 @@
 """Numerics classes end to end: real ``rmgate serve`` with ``placement: class`` over real
 vLLM CPU engines.
 
-Runs before the session's gateway starts (file order: ``test_cli_*``), with its own gateway:
+Runs after the session's gateway is stopped (``tests/conftest.py`` orders the files with
+gateways of their own last), with its own gateway:
 the judge and the DisRM with two slots each, each slot's engine on its own core
 (``cpu_cores_per_slot: 1``), the canary every few seconds. In order, on the one gateway:
 
@@ -241,22 +242,22 @@ def test_scaling_one_model_works_while_another_models_engine_restarts(classes_ga
     """The fault the issue measured: ``rmgate scale`` used to judge every application and
     failed on another model's restarting slot. Now it judges only what it changes.
 
-    rm-0 is killed once Serve has it running again (after the previous test's kill), so
-    that its restart (~40 s) spans the whole scale. The judge is scaled 2 -> 1 only: no
-    engine to boot, and the later tests use rm alone."""
+    rm-1 is killed now (rm-0 is still restarting after the previous test's kill: the two
+    boots overlap instead of following each other), so that its restart (~40 s) spans the
+    whole scale. The judge is scaled 2 -> 1 only: no engine to boot, and the later tests
+    use rm alone."""
     url, engines, work = classes_gateway
-    _wait("rm-0 healthy again", lambda: _card(url, "rm")["health"] == ["healthy"] * 2)
-    os.killpg(_engine_group(engines, "rm-0"), signal.SIGKILL)
-    _wait("rm-0 seen failing by Serve",
-          lambda: _admin(work, "statuses").get("rm-0") != "RUNNING", timeout_s=60)
+    os.killpg(_engine_group(engines, "rm-1"), signal.SIGKILL)
+    _wait("rm-1 seen failing by Serve",
+          lambda: _admin(work, "statuses").get("rm-1") != "RUNNING", timeout_s=60)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     address = dashboard_address(work / "serve.log")
     out = subprocess.run([str(BIN / "rmgate"), "scale", "judge", "1", "--address", address],
                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    during = _admin(work, "statuses").get("rm-0")
+    during = _admin(work, "statuses").get("rm-1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert _card(url, "judge")["slots"] == 1
-    print(f"\nrmgate scale judge 2 -> 1 while rm-0 restarted (rm-0 was {during})")
+    print(f"\nrmgate scale judge 2 -> 1 while rm-1 restarted (rm-1 was {during})")
     assert during != "RUNNING", "the fault was over before the scale: not a test"
     body = {"model": "judge", "messages": [{"role": "user", "content": "hi"}], "seed": 3,
             "max_tokens": 4}
