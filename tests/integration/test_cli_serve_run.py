@@ -79,12 +79,12 @@ def serve_run(demo_models, tmp_path_factory):
         wait_until_serving(url, proc, log, 600, headers=AUTH)
         yield url, Path(marker)
     finally:
-        # Ctrl-C, then SIGKILL to the group after 10 s: `serve run` interrupted while a
+        # Ctrl-C, then SIGKILL to the group after 20 s: `serve run` interrupted while a
         # replica is still initializing (rm-0, restarting after the failover test's kill)
         # would wait out its whole grace period (~2 min); waiting for the restart first
         # cost as long. The engines' launchers end their groups when their replica's
         # worker is gone: nothing may be left after that.
-        stop_process_group(proc, grace_s=10)
+        stop_process_group(proc, grace_s=20)
         left = wait_until_gone(marker)
         assert not left, f"serve run left processes behind: {left}"
 
