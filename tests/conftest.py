@@ -26,18 +26,25 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     1. unit tests that read the demo models (built by that boot when the checkout has none);
     2. integration files that use the session gateway (it is stopped after the last);
     3. integration files with gateways of their own (numerics classes, ``serve run``, the
-       wheel's demo), each then alone on the machine.
+       wheel's demo), each then alone on the machine;
+    4. files marked ``timing`` (they assert a duration or a CPU share), when nothing else
+       runs: a booting gateway takes the CPU they measure.
     """
     def rank(item: pytest.Item) -> int:
         unit = "integration" not in item.path.parts
         names = module_fixtures.get(item.path, set())
+        if item.path in timing:
+            return 4
         if unit:
             return 1 if "demo_models" in names else 0
         return 2 if "gateway" in names else 3
 
     module_fixtures: dict[Path, set[str]] = {}
+    timing: set[Path] = set()
     for item in items:
         module_fixtures.setdefault(item.path, set()).update(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("timing") is not None:
+            timing.add(item.path)
     items[:] = sorted(items, key=rank)  # stable: file order kept within a rank
 
 

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
+
 REPO = Path(__file__).resolve().parents[2]
 
 

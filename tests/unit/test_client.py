@@ -17,6 +17,8 @@ import pytest
 from gateway.client import RetryPolicy, RewardClient, RewardRequestError, run_sync
 from gateway.client.verl import _result
 
+pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
+
 FAST = RetryPolicy(max_attempts=5, backoff_s=0.01, max_backoff_s=0.05)
 
 

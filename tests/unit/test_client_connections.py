@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 import gateway.client.verl as verl
 from gateway.client import RewardClient, RewardRequestError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.timing]  # asserts durations: run when quiet
 CALLS = 1000
 VERL_CONCURRENCY = 64  # what gateway.client.verl gives its clients
 

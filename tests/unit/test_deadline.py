@@ -26,6 +26,8 @@ CONFIG = {"models": [{"name": "rm", "kind": "discriminative", "model_path": "/m/
                       "replicas": 1}],
           "gateway": {"placement": "pinned"}}
 
+pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
+
 
 def gateway_over(handler, *, mode: str = "serialize", max_inflight: int = 1):
     """A ``RewardGateway`` whose one slot's engine is ``handler``."""

@@ -12,7 +12,11 @@ host, not for a regression of that size.
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.ingress_cpu import measure
+
+pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
 
 #: The largest ratio accepted for any of the three requests.
 BOUND = 14.0

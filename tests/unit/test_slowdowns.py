@@ -15,6 +15,8 @@ import pytest
 
 from gateway.harness.slowdowns import CPU_CGROUP, can_throttle, cpu_throttled, duty_cycled
 
+pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
+
 BUSY = "while True: pass"
 
 
