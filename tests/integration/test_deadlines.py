@@ -73,10 +73,9 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
     x-rmgate-timeout 4 s), each client closing its socket after 1.5 s. The gateway notices
     (mostly), stops waiting and closes its engine request, which makes vLLM abort it: the
     engine stops generating long before 8,000 tokens. Closing a connection is not a sure
-    signal under load, at any hop: HAProxy and Serve's direct ingress miss about 1 in 5
-    client closes until the answer is written (HAProxy's own abort counter agrees), and
-    vLLM's server misses some of the gateway's; the request's deadline still ends the
-    gateway's wait. So: up to six attempts; at least one disconnect noticed and counted,
+    signal on this saturated host, at any hop: about 1 close in 20 is missed, at HAProxy,
+    Serve's direct ingress or vLLM's server (``benchmarks/disconnects.py``); the request's
+    deadline still ends the gateway's wait. So: up to six attempts; at least one disconnect noticed and counted,
     at least two engine requests stopped early, and nothing running at the end."""
     url, _ = gateway
     ports = [engine_port(_engines(), f"judge-{s}") for s in (0, 1)]
