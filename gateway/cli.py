@@ -104,7 +104,8 @@ def refuse_missing_paths(config: Path, cfg: dict[str, Any]) -> None:
 def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                      ready: Optional[threading.Event] = None, dashboard: bool = True,
                      proxy: Optional[str] = None, address: Optional[str] = None,
-                     proxy_location: str = "EveryNode") -> None:
+                     proxy_location: str = "EveryNode",
+                     direct_port: Optional[int] = None) -> None:
     """Start Ray (local, or join the cluster at ``address``), Serve and every application
     of ``config``; block until a signal. On a cluster, a signal deletes the applications
     this command deployed and leaves the cluster (and Serve) running."""
@@ -148,6 +149,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         rendered = render(cfg)
         if address is not None:  # slots may run on other nodes than the ingress
             rendered = topology.with_engines_on_node_addresses(rendered)
+        if direct_port is not None:
+            rendered = topology.with_direct_port(rendered, direct_port, host)
     except ValueError as exc:
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None
@@ -176,6 +179,9 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                      keep_others=address is not None)
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
                    f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)")
+        if direct_port is not None:
+            typer.echo(f"direct port: http://{host}:{direct_port} (the ingress replicas "
+                       "themselves, Serve's proxy left out)")
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
             # Ray 2.60 turns token auth on for the cluster; its CLI reads the token
@@ -226,10 +232,14 @@ def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
           proxy_location: ProxyLocation = typer.Option(
               ProxyLocation.every_node, help="On a cluster: where Serve runs an HTTP proxy "
               "(every node, so a trainer can point at any; HeadOnly where nodes share one "
-              "address, e.g. several nodes on one machine).")) -> None:
+              "address, e.g. several nodes on one machine)."),
+          direct_port: Optional[int] = typer.Option(
+              None, help="Also serve the API on this port from every ingress replica itself "
+              "(gateway.direct_port, bound to --host): Serve's proxy left out of the path, "
+              "less CPU per request.")) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
     run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy, address=address,
-                     proxy_location=proxy_location.value)
+                     proxy_location=proxy_location.value, direct_port=direct_port)
 
 
 @app.command("render")

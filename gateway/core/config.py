@@ -356,6 +356,15 @@ class GatewaySettings(BaseModel):
         "Every this many seconds each slot re-answers the golden probes through its gate; a "
         "slot whose probe digest changed leaves its class (drained under `strict`) until it "
         "matches again. 0 turns the canary off."), default=600.0, ge=0)
+    direct_port: int | None = Field(default=None, ge=1, le=65535, description=(
+        "A port on which every ingress replica also serves the API itself (uvicorn on the "
+        "replica's event loop; the node's replicas share it with SO_REUSEPORT, the kernel "
+        "spreading connections over them), without Serve's proxy: less CPU per request "
+        "(benchmarks/ingress_stack.py), same answers, same auth, metrics and deadlines. "
+        "Serve's own port keeps serving. Off (null) by default."))
+    direct_host: str = Field(default="127.0.0.1", description=(
+        "The address `direct_port` binds: loopback by default; the node's address or "
+        "0.0.0.0 for trainers on other hosts."))
     ingress_replicas: int = Field(description=(
         "Ingress replicas (Serve replicas of the `gateway` deployment, each its own process)."
         " One replica's CPU per request caps a gateway in front of small fast engines; more "

@@ -23,6 +23,7 @@ from gateway.core.errors import InvalidSlotCounts
 from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
+from gateway.http.direct_port import serve_direct_port
 from gateway.ledger.ledger import Ledger
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
@@ -97,7 +98,12 @@ class Gateway:
                         on_drift=self._forget_drifted)
         jobs = [canary.run, self._learn_classes, self._close_rules] + (
             [self.ledger.run] if self.ledger is not None else [])
-        return create_app(self.gateway, background=jobs, ledger=self.ledger)
+        settings = self.gateway.config.gateway
+        if settings.direct_port is not None:
+            jobs.append(lambda: serve_direct_port(app, settings.direct_host,
+                                                  settings.direct_port, settings.max_body_bytes))
+        app = create_app(self.gateway, background=jobs, ledger=self.ledger)
+        return app
 
     async def _learn_classes(self) -> None:
         """Ask every slot its numerics class as soon as the ingress runs: until a slot's

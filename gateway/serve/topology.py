@@ -161,6 +161,20 @@ def with_engines_on_node_addresses(rendered: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_direct_port(rendered: dict[str, Any], port: int, host: str) -> dict[str, Any]:
+    """``rendered`` with every ingress application also serving on ``host:port`` itself
+    (``gateway.direct_port``; ``rmgate serve --direct-port``); one application only: two
+    would share the port's connections between different apps."""
+    out = copy.deepcopy(rendered)
+    ingresses = [a for a in out["applications"] if a.get("import_path") in INGRESS_IMPORTS]
+    if len(ingresses) != 1:
+        raise ValueError(f"--direct-port needs exactly one rmgate application, not "
+                         f"{len(ingresses)}")
+    args = ingresses[0].setdefault("args", {})
+    args.setdefault("gateway", {}).update({"direct_port": port, "direct_host": host})
+    return out
+
+
 def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
     """The slot counts the ingress application routes with."""
     ingress = _ingress(apps)

@@ -128,6 +128,13 @@ def gateway(request, demo_models, ledger_postgres):
 
 
 @pytest.fixture(scope="session")
+def gateway_direct_url(request, gateway) -> str:
+    """The session gateway's own port (``rmgate serve --direct-port``): the same ingress
+    replicas without Serve's proxy."""
+    return session_gateway.start(request.config).direct_url
+
+
+@pytest.fixture(scope="session")
 def plain_engine(request, demo_models, tmp_path_factory):
     """(engine, log folder) of one plain vLLM engine of the wide DisRM (``determinism:
     off``: vLLM's defaults), the negative controls' engine, shared by every control of the

@@ -39,6 +39,8 @@ class SessionGateway:
     log: Path
     env: dict[str, str]
     built: Path
+    #: the ingress replicas' own port (``--direct-port``: Serve's proxy left out)
+    direct_url: str
 
     def wait_built(self, timeout_s: float = 900.0) -> None:
         """Until the child has the demo models (or is gone: the caller then builds)."""
@@ -65,16 +67,18 @@ def start(config: pytest.Config) -> SessionGateway:
     root = factory.mktemp("rmgate") if factory is not None else Path(
         __import__("tempfile").mkdtemp(prefix="rmgate-session-"))
     log = root / "serve.log"
-    port = free_port()
+    port, direct_port = free_port(), free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "RMGATE_LOG_DIR": str(root / "engines"), "RMGATE_LEDGER_DSN": postgres.dsn}
-    serve = [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port)]
+    serve = [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port),
+             "--direct-port", str(direct_port)]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.session_gateway", str(MODELS),
              str(root / "built"), "--", *serve],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    started = SessionGateway(postgres, proc, f"http://127.0.0.1:{port}", log, env, root / "built")
+    started = SessionGateway(postgres, proc, f"http://127.0.0.1:{port}", log, env, root / "built",
+                             f"http://127.0.0.1:{direct_port}")
     config.stash[STARTED] = started
     return started
 

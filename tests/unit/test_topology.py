@@ -141,3 +141,17 @@ def test_on_a_cluster_direct_gateways_engines_listen_on_the_node_address():
                      "viahandle-judge-1": "loopback", "viahandle-rm-0": "loopback",
                      "viahandle-rm-1": "loopback"}
     assert rendered == topology.render(two)  # the input is left as it was
+
+
+def test_direct_port_goes_to_the_one_ingress_and_is_a_valid_setting():
+    from gateway.core.config import AppConfig
+    rendered = topology.render(COMPACT)
+    out = topology.with_direct_port(rendered, 8001, "0.0.0.0")
+    ingress = [a for a in out["applications"] if a["import_path"] in topology.INGRESS_IMPORTS]
+    assert ingress[0]["args"]["gateway"]["direct_port"] == 8001
+    assert (rendered["applications"][0]["args"].get("gateway") or {}).get("direct_port") is None
+    args = {k: v for k, v in ingress[0]["args"].items() if k != topology.SLOT_PREFIX_ARG}
+    assert AppConfig.model_validate(args).gateway.direct_host == "0.0.0.0"
+    two = {"applications": rendered["applications"] + [copy.deepcopy(ingress[0])]}
+    with pytest.raises(ValueError, match="exactly one"):
+        topology.with_direct_port(two, 8001, "127.0.0.1")
