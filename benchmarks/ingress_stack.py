@@ -56,7 +56,7 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 # --- the canned engine (its own process) ------------------------------------------------
 
 def run_engine(port: int) -> None:
-    """A vLLM stand-in: canned answers at once, over uvicorn (httptools, uvloop)."""
+    """A vLLM stand-in: canned answers at once, over uvicorn."""
     import uvicorn
 
     from gateway.harness.canned_engine import CHAT, CLASSIFY
@@ -75,7 +75,7 @@ def run_engine(port: int) -> None:
         await send({"type": "http.response.body", "body": body})
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                loop="uvloop", http="httptools", lifespan="off")
+                lifespan="off")  # uvloop and httptools where installed
 
 
 # --- stand-ins for the slot applications' handles (pickled into the ingress) -----------

@@ -7,6 +7,7 @@ same engines are then reached several ways, interleaved in rounds:
 
 ``engine_auto``        the batch-invariant engine(s) of ``<kind>-auto``, directly (round robin)
 ``rmgate_auto``        the same engines through rmgate (HAProxy + ingress), ``determinism: auto``
+``rmgate_direct``      the same through the ingress replicas' own port (``--direct-port``)
 ``engine_off``         the ``off`` engine(s) (vLLM defaults), directly
 ``rmgate_off``         the same through rmgate
 ``least_loaded_off``   the ``off`` engines behind the least-loaded FastAPI + httpx proxy
@@ -232,8 +233,8 @@ def _shipped(size: str, levels: list[int]) -> Layout:
     shipped, ingress = shipped_models("configs/gpu-small.yaml")
     return Layout(size, [shipped["rm"], shipped["grm"]], [], [
         ("framework", {"kind": "rm"}),
-        _tp("rm", levels, "engine_auto", "rmgate_auto", rounds=2, bits=True),
-        _tp("grm", levels, "engine_auto", "rmgate_auto"),
+        _tp("rm", levels, "engine_auto", "rmgate_auto", "rmgate_direct", rounds=2, bits=True),
+        _tp("grm", levels, "engine_auto", "rmgate_auto", "rmgate_direct"),
     ], {"rm": (3072, 384), "grm": (1024, 32)}, config="configs/gpu-small.yaml",
         ingress_replicas=ingress, note="configs/gpu-small.yaml as shipped, with the framework anchor")
 
@@ -460,8 +461,10 @@ def _kill_marked(marker: str) -> list[int]:
 
 
 @contextmanager
-def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int) -> Iterator[tuple[str, Path, Path]]:
-    """``rmgate serve CONFIG`` in its own process group: yields (url, engine log dir, serve log).
+def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int,
+            direct_port: int) -> Iterator[tuple[str, Path, Path]]:
+    """``rmgate serve CONFIG --direct-port P`` in its own process group: yields (url, engine
+    log dir, serve log); the ingress replicas' own port is ``direct_port``.
     Always stopped: SIGINT, 20 s, then SIGKILL to the group and to everything carrying the
     marker (Ray's workers and the engines, which live in process groups of their own)."""
     from deployments.engine.process import free_port
@@ -475,7 +478,7 @@ def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int) -> I
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_port)}
     with open(slog, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(config), "--port",
-                                 str(port)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                 str(port), "--direct-port", str(direct_port)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -546,6 +549,7 @@ class Bench:
         self.lg = LoadGen(procs=4)
         self.lg2: LoadGen | None = None
         self.url = ""
+        self.direct_url = ""  # the ingress replicas' own port (rmgate serve --direct-port)
         self.engines = Path()
         self.proxies: dict[str, tuple[subprocess.Popen, str]] = {}
         self.fallback_port = 0
@@ -593,6 +597,7 @@ class Bench:
         if auto in self.slots:
             out["engine_auto"] = (engine_urls(self.engines, auto, self.slots[auto]), auto)
             out["rmgate_auto"] = ([self.url], auto)
+            out["rmgate_direct"] = ([self.direct_url], auto)
         if off in self.slots:
             out["engine_off"] = (engine_urls(self.engines, off, self.slots[off]), off)
             out["rmgate_off"] = ([self.url], off)
@@ -955,13 +960,15 @@ class Bench:
         anchors = [] if self.fake else self.start_anchors(built)
         if not self.fake:
             self.start_standalone(built, work)
-        self.fallback_port = free_port()
+        self.fallback_port, direct_port = free_port(), free_port()
         t = time.monotonic()
         ctx = fake_gateway(lay) if self.fake else gateway(
-            work / "serve.yaml", work, max(60.0, self.left() - 120), self.fallback_port)
+            work / "serve.yaml", work, max(60.0, self.left() - 120), self.fallback_port,
+            direct_port)
         try:
             with ctx as (url, engines, slog):
                 self.url, self.engines, self.serve_log = url, engines, slog
+                self.direct_url = url if self.fake else f"http://127.0.0.1:{direct_port}"
                 if self.fake:
                     self.fallback_port = int(url.rsplit(":", 1)[1])
                 self.report["startup_s"] = round(time.monotonic() - t, 1)
@@ -1016,13 +1023,15 @@ def ratios(row: dict[str, Any], framework: float | None = None) -> dict[str, flo
             return round(row[a]["req_per_s"] / row[b]["req_per_s"], 3)
         return None
     out = {"rmgate_auto/engine_auto": r("rmgate_auto", "engine_auto"),
+           "rmgate_direct/engine_auto": r("rmgate_direct", "engine_auto"),
+           "rmgate_direct/rmgate_auto": r("rmgate_direct", "rmgate_auto"),
            "rmgate_auto/rmgate_serial": r("rmgate_auto", "rmgate_serial"),
            "rmgate_auto/rmgate_off": r("rmgate_auto", "rmgate_off"),
            "rmgate_auto/engine_off": r("rmgate_auto", "engine_off"),
            "rmgate_off/engine_off": r("rmgate_off", "engine_off"),
            "rmgate_off/least_loaded_off": r("rmgate_off", "least_loaded_off"),
            "rmgate_auto/least_loaded_off": r("rmgate_auto", "least_loaded_off")}
-    for p in ("rmgate_auto", "engine_auto", "rmgate_off", "engine_off"):
+    for p in ("rmgate_auto", "rmgate_direct", "engine_auto", "rmgate_off", "engine_off"):
         if framework and p in row:  # against the framework anchor of the same run
             out[f"{p}/framework"] = round(row[p]["req_per_s"] / framework, 3)
     return {k: v for k, v in out.items() if v is not None}

@@ -133,7 +133,7 @@ async def serve_direct_port(app: ASGIApp, host: str, port: int, max_body_bytes: 
         return
     server = uvicorn.Server(uvicorn.Config(
         CancelOnDisconnect(app, max_body_bytes), lifespan="off", access_log=False,
-        log_config=None, http="httptools", timeout_keep_alive=int(keep_alive_s)))
+        log_config=None, timeout_keep_alive=int(keep_alive_s)))
     # the replica's signals stay Serve's (uvicorn takes them when it runs in the main thread)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     logger.info("rmgate: the ingress also serves on %s:%d (SO_REUSEPORT)", host, port)
