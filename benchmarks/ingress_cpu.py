@@ -33,6 +33,7 @@ from gateway.core.config import AppConfig
 from gateway.core.service import RewardGateway
 from gateway.harness.canned_engine import CHAT, CLASSIFY, CannedTransport
 from gateway.http.app import create_app
+from gateway.http.hot_path import HotPath
 
 ASGIApp = Callable[..., Awaitable[None]]
 
@@ -53,7 +54,10 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def gateway_app() -> ASGIApp:
-    return create_app(RewardGateway(AppConfig.model_validate(CONFIG), CannedTransport()))
+    """The app as the ingress replica serves it (``gateway.serve.app``: the hot path in
+    front of FastAPI)."""
+    return HotPath(create_app(RewardGateway(AppConfig.model_validate(CONFIG),
+                                            CannedTransport())))
 
 
 def bare_app() -> ASGIApp:

@@ -21,6 +21,7 @@ the replica, in HAProxy and in the rest of Ray. The least of the rounds is repor
 time only grows with interference).
 
     .venv/bin/python -m benchmarks.ingress_stack [--requests 2000] [--rounds 3]
+        [--replicas N] [--mix one|bench]
         [--replica-profile SECONDS --profile-via serve|direct]   # py-spy on the replica
 """
 
@@ -30,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,13 +186,14 @@ def per_request(before: dict, after: dict, n: int) -> dict[str, float]:
     return {k: round(1000 * v / n, 3) for k, v in total.items()}
 
 
-async def load(url: str, body: bytes, n: int) -> None:
+async def load(url: str, bodies: list[bytes], n: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         sent = 0
 
         async def worker() -> None:
             nonlocal sent
             while sent < n:
+                body = bodies[sent % len(bodies)]
                 sent += 1
                 async with session.post(url, data=body,
                                         headers={"content-type": "application/json"}) as r:
@@ -206,10 +209,23 @@ def targets(base: str, direct: str) -> dict[str, tuple[str, str]]:
             "bare": ("bare_replica", base + "/bare")}
 
 
-def measure(base: str, direct: str, requests: int, rounds: int) -> dict[str, Any]:
+def bodies_of(name: str, obj: dict[str, Any], mix: str) -> list[bytes]:
+    """The one request of ``REQUESTS`` (``--mix one``), or 1,000 different ones of the GPU
+    benchmark's length mix (``--mix bench``: DisRM inputs of 1-900 characters, judge
+    prompts with logprobs), as trainers send them."""
+    if mix == "one":
+        return [json.dumps(obj).encode()]
+    from benchmarks.gpu.bench_paths import grm_body, rm_body
+    make = (lambda i: rm_body("rm", i)) if name == "classify" else (
+        lambda i: grm_body("judge", i, 8))
+    return [json.dumps(make(i)).encode() for i in range(1000)]
+
+
+def measure(base: str, direct: str, requests: int, rounds: int,
+            mix: str = "one") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, path, obj in REQUESTS:
-        body = json.dumps(obj).encode()
+        body = bodies_of(name, obj, mix)
         paths = targets(base, direct)
         for _, prefix in paths.values():
             asyncio.run(load(prefix + path, body, 300))  # warm
@@ -237,17 +253,19 @@ def measure(base: str, direct: str, requests: int, rounds: int) -> dict[str, Any
     return out
 
 
-def profile_replica(base: str, seconds: float, out: Path) -> None:
+def profile_replica(base: str, seconds: float, out: Path, mix: str = "one") -> None:
     """py-spy on the gateway replica while the classify load runs at ``base``
     (``--replica-profile``, ``--profile-via``)."""
     pid = next(p for p, (role, _) in process_cpu().items() if role == "gateway_replica")
-    _, path, obj = REQUESTS[0]
-    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--duration",
+    name, path, obj = REQUESTS[0]
+    bodies = bodies_of(name, obj, mix)
+    spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = subprocess.Popen([spy_bin, "record", "--pid", str(pid), "--duration",
                             str(int(seconds)), "--format", "raw", "--output", str(out),
                             "--nonblocking"])
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        asyncio.run(load(base + path, json.dumps(obj).encode(), 1000))
+        asyncio.run(load(base + path, bodies, 1000))
     spy.wait()
 
 
@@ -257,6 +275,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--replica-profile", type=float, default=0.0, metavar="SECONDS")
     ap.add_argument("--profile-via", choices=("serve", "direct"), default="direct")
+    ap.add_argument("--replicas", type=int, default=1, help="ingress replicas")
+    ap.add_argument("--mix", choices=("one", "bench"), default="one",
+                    help="one request repeated, or the GPU benchmark's 1,000 (bodies_of)")
     ap.add_argument("--out", type=Path,
                     default=REPO / "benchmarks" / "results" / "ingress_stack.json")
     ap.add_argument("--engine", type=int, help=argparse.SUPPRESS)  # the canned engine's child
@@ -285,17 +306,19 @@ def main() -> None:
                  log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         slots = CannedSlots(engine_url, ["rm", "judge"])
-        serve.run(Gateway.options(num_replicas=1).bind(gateway_config(direct_port), slots),
+        serve.run(Gateway.options(num_replicas=args.replicas).bind(gateway_config(direct_port),
+                                                                  slots),
                   name="rmgate", route_prefix="/")
         serve.run(bare_app(engine_url), name="bare", route_prefix="/bare")
         base = f"http://127.0.0.1:{http_port}"
         if args.replica_profile:
             via = base if args.profile_via == "serve" else f"http://127.0.0.1:{direct_port}"
-            profile_replica(via, args.replica_profile, workdir / "replica.txt")
+            profile_replica(via, args.replica_profile, workdir / "replica.txt", args.mix)
             print(f"py-spy (raw stacks): {workdir / 'replica.txt'}")
         result = {"requests": args.requests, "rounds": args.rounds, "concurrency": CONCURRENCY,
+                  "replicas": args.replicas, "mix": args.mix,
                   "paths": measure(base, f"http://127.0.0.1:{direct_port}", args.requests,
-                                           args.rounds)}
+                                           args.rounds, args.mix)}
     finally:
         serve.shutdown()
         ray.shutdown()

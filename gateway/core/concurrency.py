@@ -22,7 +22,13 @@ def _first(group: "BaseExceptionGroup[BaseException]") -> BaseException:
 
 async def all_or_cancel(parts: Iterable[Awaitable[T]]) -> list[T]:
     """The parts' results in order; on the first failure the others are cancelled and that
-    failure is raised as itself. Cancelling the caller cancels every part."""
+    failure is raised as itself. Cancelling the caller cancels every part.
+
+    One part (a trainer's single-input request, the common case) runs in the caller's own
+    task: the same semantics without a task group and a task per request."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return [await parts[0]]
     tasks: list[asyncio.Task[T]] = []
     try:
         async with asyncio.TaskGroup() as group:

@@ -24,6 +24,7 @@ from gateway.core.service import RewardGateway
 from gateway.core.slots import SlotTable
 from gateway.http.app import create_app
 from gateway.http.direct_port import serve_direct_port
+from gateway.http.hot_path import HotPath
 from gateway.ledger.ledger import Ledger
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
@@ -102,7 +103,7 @@ class Gateway:
         if settings.direct_port is not None:
             jobs.append(lambda: serve_direct_port(app, settings.direct_host,
                                                   settings.direct_port, settings.max_body_bytes))
-        app = create_app(self.gateway, background=jobs, ledger=self.ledger)
+        app = HotPath(create_app(self.gateway, background=jobs, ledger=self.ledger))
         return app
 
     async def _learn_classes(self) -> None:

@@ -38,9 +38,11 @@ class AiohttpEngineClient:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # limit=0: the per-slot gate, not the pool, bounds what reaches an engine
+            # no cookies, no decompression: an engine sends neither, and each costs work
+            # on every response
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-                auto_decompress=False)
+                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def post(self, target: SlotInfo, path: str, body: bytes,

@@ -67,3 +67,10 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
         raise
     metrics.record_request(model, endpoint, response.status_code, time.monotonic() - start)
     return response
+
+
+def handler(path: str, call: CoreCall) -> Callable[[Request], Awaitable[Response]]:
+    """The route function of one endpoint (FastAPI's, and the hot path's: ``hot_path``)."""
+    async def answer(request: Request) -> Response:
+        return await serve(request, path, call)
+    return answer

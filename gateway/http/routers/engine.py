@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter
 
 from gateway.core.protocols import (ChatCompletionRequest, ClassifyRequest, CompletionRequest,
                                     EmbeddingRequest)
 from gateway.core.service import RewardGateway
 from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
-from gateway.http.routers.common import CoreCall, serve
+from gateway.http.routers.common import CoreCall, handler
 
 
 def body_doc(schema: type) -> dict[str, Any]:
@@ -45,16 +44,10 @@ ENDPOINTS: tuple[tuple[str, type, CoreCall, str], ...] = (
 )
 
 
-def _handler(path: str, call: CoreCall):
-    async def handler(request: Request) -> Response:
-        return await serve(request, path, call)
-    return handler
-
-
 def router(auth: bool = True) -> APIRouter:
     r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES)
     for path, schema, call, tag in ENDPOINTS:
-        r.add_api_route(path, _handler(path, call), methods=["POST"], tags=[tag],
+        r.add_api_route(path, handler(path, call), methods=["POST"], tags=[tag],
                         openapi_extra=body_doc(schema),
                         name=path.strip("/").replace("/", "_"))
     return r
