@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ORDER = ("offline_auto", "engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
+ORDER = ("offline_auto", "engine_auto", "rmgate_auto", "rmgate_direct", "engine_off", "rmgate_off",
          "least_loaded_off", "rmgate_serial")
 LABEL = {"offline_auto": "offline `LLM` (batch-invariant)", "engine_auto": "engine direct (`auto` engine)",
-         "rmgate_auto": "**rmgate `auto`**", "engine_off": "engine direct (`off` engine)",
+         "rmgate_auto": "**rmgate `auto`**", "rmgate_direct": "**rmgate `auto`, `--direct-port`**",
+         "engine_off": "engine direct (`off` engine)",
          "rmgate_off": "rmgate `off`", "least_loaded_off": "least-loaded proxy over `off`",
          "rmgate_serial": "rmgate `serialize`"}
 
