@@ -101,8 +101,11 @@ class Gateway:
             [self.ledger.run] if self.ledger is not None else [])
         settings = self.gateway.config.gateway
         if settings.direct_port is not None:
+            # the same app (built just below, before the lifespan starts its jobs) on the
+            # replicas' own port (gateway.http.direct_port)
             jobs.append(lambda: serve_direct_port(app, settings.direct_host,
                                                   settings.direct_port, settings.max_body_bytes))
+        # the scoring endpoints' POSTs go to their route functions in front of FastAPI
         app = HotPath(create_app(self.gateway, background=jobs, ledger=self.ledger))
         return app
 

@@ -53,10 +53,18 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 def pytest_unconfigure(config) -> None:
-    """The background build never outlives the session."""
+    """The background build never outlives the session, nor does the session gateway
+    (started at collection) when no test took it over: a collection error, ``-x`` before
+    its first user, Ctrl-C. A fixture that did stops it itself; stopping twice is a no-op."""
     proc = config.stash.get(PREFETCH, None)
     if proc is not None and proc.poll() is None:
         stop_process_group(proc, grace_s=5)
+    started = config.stash.get(session_gateway.STARTED, None)
+    if started is not None:
+        if started.proc.poll() is None:
+            stop_process_group(started.proc)
+            end_leftovers(started.env["RMGATE_LOG_DIR"], timeout_s=30)
+        started.postgres.destroy()
 
 
 PREFETCH = pytest.StashKey[subprocess.Popen]()
