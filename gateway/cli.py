@@ -253,12 +253,20 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
                    cluster: bool = typer.Option(
                        False, help="For `serve deploy` to a multi-node cluster: engines of "
                        "direct gateways on the node address, with their secret (what "
-                       "`rmgate serve --address` and --rayservice do).")) -> None:
+                       "`rmgate serve --address` and --rayservice do)."),
+                   direct_port: Optional[int] = typer.Option(
+                       None, help="As `rmgate serve --direct-port`: the ingress replicas' own "
+                       "port (re-render with the same one, or a redeploy restarts the "
+                       "ingress)."),
+                   direct_host: str = typer.Option(
+                       "127.0.0.1", help="The address --direct-port binds.")) -> None:
     """Print the per-slot Serve config that `rmgate serve` deploys (for `serve deploy`).
 
     Edit `replicas` in CONFIG, render again and `serve deploy` the result: only the added
     or removed slots start or stop; the ingress picks up the new counts in place."""
     import yaml
+
+    from gateway.serve import topology
 
     try:
         rendered = render(load_serve_config(config))
@@ -270,6 +278,8 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
         rendered = kuberay.cluster_serve_config(rendered)
     if port is not None:
         rendered.setdefault("http_options", {})["port"] = port
+    if direct_port is not None:
+        rendered = topology.with_direct_port(rendered, direct_port, direct_host)
     if rayservice is not None:
         from gateway.serve import kuberay
 

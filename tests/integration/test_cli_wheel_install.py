@@ -543,7 +543,7 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     assert all(r.status_code == 200 for r in answers)
     assert len({r.content for r in answers}) == 1
     assert engine_requests_done(demo.url, "rm") - before == 1
-    assert sorted({r.headers["x-rmgate-cache"] for r in answers}) <= ["hit", "miss", "shared"]
+    assert {r.headers["x-rmgate-cache"] for r in answers} <= {"hit", "miss", "shared"}
 
     # the first asker's client leaves (its call leads the flight): the others still get it
     ask = {"model": "judge", "max_tokens": 48, "messages": [

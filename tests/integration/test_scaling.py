@@ -118,7 +118,7 @@ def slots_of(url: str, model: str) -> int:
     return next(c for c in cards if c["id"] == model)["slots"]
 
 
-async def test_scale_rm_2_3_2_under_load(gateway, tmp_path):
+async def test_scale_rm_2_3_2_under_load(gateway, gateway_direct_url, tmp_path):
     url, _ = gateway
     address = dashboard()
     base = await classify_all(url, TEXTS)
@@ -147,7 +147,10 @@ async def test_scale_rm_2_3_2_under_load(gateway, tmp_path):
         # 3 -> 2 by re-applying the config (replicas: 2) with Serve's own `serve deploy`
         rendered = tmp_path / "serve.yaml"
         port = int(url.rsplit(":", 1)[1])
+        # as the session gateway was started: its port and its direct port (another
+        # ingress argument would redeploy the ingress)
         subprocess.run([str(BIN / "rmgate"), "render", str(TEST_CONFIG), "--port", str(port),
+                        "--direct-port", gateway_direct_url.rsplit(":", 1)[1],
                         "-o", str(rendered)], cwd=REPO, check=True, timeout=120)
         assert yaml.safe_load(rendered.read_text())["applications"][0]["name"] == "rmgate"
         load, _ = run_under_load(

@@ -155,3 +155,20 @@ def test_direct_port_goes_to_the_one_ingress_and_is_a_valid_setting():
     two = {"applications": rendered["applications"] + [copy.deepcopy(ingress[0])]}
     with pytest.raises(ValueError, match="exactly one"):
         topology.with_direct_port(two, 8001, "127.0.0.1")
+
+
+def test_render_with_a_direct_port_renders_what_serve_with_it_deploys(tmp_path):
+    """`rmgate render --direct-port` must match `rmgate serve --direct-port`: a re-applied
+    config whose ingress args differ would redeploy the ingress."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+    out = tmp_path / "r.yaml"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(COMPACT))
+    result = CliRunner().invoke(app, ["render", str(cfg), "--direct-port", "8123", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rendered = yaml.safe_load(out.read_text())
+    expected = topology.with_direct_port(topology.render(COMPACT), 8123, "127.0.0.1")
+    assert rendered["applications"] == expected["applications"]
