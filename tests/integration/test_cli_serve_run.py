@@ -8,6 +8,8 @@ Ctrl-C (SIGINT) like a user would, and must leave nothing behind.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -79,11 +81,13 @@ def serve_run(demo_models, tmp_path_factory):
         wait_until_serving(url, proc, log, 600, headers=AUTH)
         yield url, Path(marker)
     finally:
-        # Ctrl-C, then SIGKILL to the group after 20 s: `serve run` interrupted while a
-        # replica is still initializing (rm-0, restarting after the failover test's kill)
-        # would wait out its whole grace period (~2 min); waiting for the restart first
-        # cost as long. The engines' launchers end their groups when their replica's
-        # worker is gone: nothing may be left after that.
+        # Ctrl-C, then SIGKILL to the group after 20 s. First every slot serves again (rm-0
+        # restarts after the failover test's kill): a vLLM server still starting up when
+        # its launcher is SIGKILLed ignored the SIGTERM it is sent then and outlived the
+        # gateway (seen twice on 2026-12-04). The engines' launchers end their groups
+        # when their replica's worker is gone: nothing may be left after that.
+        with contextlib.suppress(Exception):
+            wait_until_serving(url, proc, log, 240, headers=AUTH)
         stop_process_group(proc, grace_s=20)
         left = wait_until_gone(marker)
         assert not left, f"serve run left processes behind: {left}"
