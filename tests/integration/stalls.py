@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -122,3 +124,29 @@ def check_stalled_slot(url: str, engines: Path, slot: int, tag: str,
     r = httpx.post(url + "/classify", json={"model": "rm", "input": mine[0]}, headers=headers,
                    timeout=120)
     assert r.status_code == 200 and r.headers["x-rmgate-slot"] == str(slot), r.text
+
+
+def long_judge_request_then_leave(url: str, seed: int, timeout_s: float, hold_s: float) -> None:
+    """A judge request for 8 x 1,000 tokens sent over a raw socket to ``url``, whose client
+    closes the socket after ``hold_s`` seconds (a trainer that went away)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
+                       "seed": seed,
+                       "messages": [{"role": "user", "content": "a long answer, please"}]})
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+                     f"\r\nx-rmgate-timeout: {timeout_s:g}\r\n\r\n{body}".encode())
+        time.sleep(hold_s)
+
+
+def until_quiet(read: Callable[[], float], polls: int) -> float:
+    """``read()`` (the engines' token count) once it holds still for a second."""
+    stopped = None
+    for _ in range(polls):
+        time.sleep(1.0)
+        now = read()
+        if now == stopped:
+            return now
+        stopped = now
+    raise AssertionError("the engines never went quiet")

@@ -4,11 +4,8 @@ request, cancellation when nobody waits, and engines that answer only the gatewa
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +13,8 @@ import pytest
 
 from gateway.harness.processes import engine_secret_headers
 from gateway.harness.running import metric_total
-from tests.integration.stalls import check_stalled_slot, engine_metric, engine_port
+from tests.integration.stalls import (check_stalled_slot, engine_metric, engine_port,
+                                      long_judge_request_then_leave, until_quiet)
 
 pytestmark = pytest.mark.integration
 
@@ -85,27 +83,12 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
 
     disconnects = metric_total(url, "rmgate_client_disconnects_total")
     aborted = metric_total(url, "rmgate_engine_requests_aborted_total")
-    host, port = url.removeprefix("http://").split(":")
     early: list[float] = []
     late: list[float] = []
     for attempt in range(6):
         before = generated()
-        body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
-                           "seed": 70 + attempt,
-                           "messages": [{"role": "user", "content": "a long answer, please"}]})
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(body)}"
-                         f"\r\nx-rmgate-timeout: 4\r\n\r\n{body}".encode())
-            time.sleep(1.5)
-        stopped = now = None
-        for _ in range(20):  # until the engines' token counts hold still for a second
-            time.sleep(1.0)
-            now = generated()
-            if now == stopped:
-                break
-            stopped = now
-        assert now == stopped and stopped is not None, "the engines never went quiet"
+        long_judge_request_then_leave(url, 70 + attempt, 4, 1.5)
+        stopped = until_quiet(generated, 20)
         (early if 0 < stopped - before < 4000 else late).append(stopped - before)
         noticed = metric_total(url, "rmgate_client_disconnects_total") - disconnects
         if noticed >= 1 and len(early) >= 2:

@@ -4,10 +4,7 @@ client that leaves stops its engine's work."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +12,8 @@ import pytest
 
 from gateway.core.answers import answer_value
 from gateway.harness.running import metric_total
-from tests.integration.stalls import engine_metric, engine_port
+from tests.integration.stalls import (engine_metric, engine_port,
+                                      long_judge_request_then_leave, until_quiet)
 
 pytestmark = pytest.mark.integration
 
@@ -60,28 +58,13 @@ def test_a_client_that_leaves_the_direct_port_stops_its_engine(gateway, gateway_
     def generated() -> float:
         return sum(engine_metric(p, "vllm:generation_tokens_total") for p in ports)
 
-    host, port = gateway_direct_url.removeprefix("http://").split(":")
     counted = 0.0
     tokens: list[float] = []
     for attempt in range(3):
         disconnects = metric_total(gateway_direct_url, "rmgate_client_disconnects_total")
         before = generated()
-        body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
-                           "seed": 170 + attempt,
-                           "messages": [{"role": "user", "content": "a long answer, please"}]})
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(body)}"
-                         f"\r\nx-rmgate-timeout: 30\r\n\r\n{body}".encode())
-            time.sleep(0.5)
-        stopped = None
-        for _ in range(40):  # until the engines' token counts hold still for a second
-            time.sleep(1.0)
-            now = generated()
-            if now == stopped:
-                break
-            stopped = now
-        assert stopped is not None
+        long_judge_request_then_leave(gateway_direct_url, 170 + attempt, 30, 0.5)
+        stopped = until_quiet(generated, 40)
         tokens.append(stopped - before)
         counted = metric_total(gateway_direct_url, "rmgate_client_disconnects_total") \
             - disconnects
