@@ -21,14 +21,20 @@ the replica, in HAProxy and in the rest of Ray. The least of the rounds is repor
 time only grows with interference).
 
     .venv/bin/python -m benchmarks.ingress_stack [--requests 2000] [--rounds 3]
-        [--replicas N] [--mix one|bench]
+        [--replicas N] [--mix one|bench] [--only classify|chat] [--concurrency 32]
+        [--answer small|gpu] [--engine-delay-ms 0]
         [--replica-profile SECONDS --profile-via serve|direct]   # py-spy on the replica
+
+``--answer gpu`` makes the canned judge answer the GPU benchmark's (64 tokens with their
+logprobs, 12 kB); ``--engine-delay-ms`` holds every answer, so that ``--concurrency``
+requests are in flight at once, as on a GPU host.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 REPO = Path(__file__).resolve().parents[1]
-CONCURRENCY = 32
+CONCURRENCY = 32  # --concurrency
 
 #: (name, path under the application, body)
 REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
@@ -57,11 +63,14 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 
 # --- the canned engine (its own process) ------------------------------------------------
 
-def run_engine(port: int) -> None:
-    """A vLLM stand-in: canned answers at once, over uvicorn."""
+def run_engine(port: int, answer: str = "small", delay_ms: float = 0.0) -> None:
+    """A vLLM stand-in: canned answers after ``delay_ms`` (at once by default), over
+    uvicorn. ``answer``: ``small`` (a 4-token judge answer) or ``gpu`` (the GPU
+    benchmark's: 64 tokens with their logprobs)."""
     import uvicorn
 
-    from gateway.harness.canned_engine import CHAT, CLASSIFY
+    from gateway.harness.canned_engine import CHAT, CLASSIFY, chat_with_logprobs
+    chat = chat_with_logprobs() if answer == "gpu" else CHAT
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -69,7 +78,9 @@ def run_engine(port: int) -> None:
         more = True
         while more:
             more = (await receive()).get("more_body", False)
-        body = CHAT if scope["path"].endswith("completions") else (
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        body = chat if scope["path"].endswith("completions") else (
             CLASSIFY if scope["path"] == "/classify" else b"{}")
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),
@@ -78,6 +89,26 @@ def run_engine(port: int) -> None:
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                 lifespan="off")  # uvloop and httptools where installed
+
+
+@contextlib.contextmanager
+def canned_engine(port: int, answer: str, delay_ms: float) -> Iterator[subprocess.Popen]:
+    """The canned engine in its own process (its CPU is not the measured one's), ended on
+    the way out."""
+    engine = subprocess.Popen([sys.executable, "-m", "benchmarks.ingress_stack", "--engine",
+                               str(port), "--answer", answer, "--engine-delay-ms",
+                               str(delay_ms)], cwd=REPO, start_new_session=True)
+    try:
+        yield engine
+    finally:
+        engine.terminate()
+        engine.wait(30)
+
+
+def write_result(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
 
 
 # --- stand-ins for the slot applications' handles (pickled into the ingress) -----------
@@ -186,7 +217,7 @@ def per_request(before: dict, after: dict, n: int) -> dict[str, float]:
     return {k: round(1000 * v / n, 3) for k, v in total.items()}
 
 
-async def load(url: str, bodies: list[bytes], n: int) -> None:
+async def load(url: str, bodies: list[bytes], n: int, concurrency: int = CONCURRENCY) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         sent = 0
 
@@ -200,7 +231,7 @@ async def load(url: str, bodies: list[bytes], n: int) -> None:
                     await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"{url}: {r.status} {await r.text()}")
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 #: target -> (the process role whose CPU is its cost, the URL prefix it is reached at)
@@ -217,24 +248,27 @@ def bodies_of(name: str, obj: dict[str, Any], mix: str) -> list[bytes]:
         return [json.dumps(obj).encode()]
     from benchmarks.gpu.bench_paths import grm_body, rm_body
     make = (lambda i: rm_body("rm", i)) if name == "classify" else (
-        lambda i: grm_body("judge", i, 8))
+        lambda i: grm_body("judge", i, 64))
     return [json.dumps(make(i)).encode() for i in range(1000)]
 
 
 def measure(base: str, direct: str, requests: int, rounds: int,
-            mix: str = "one") -> dict[str, Any]:
+            mix: str = "one", concurrency: int = CONCURRENCY,
+            only: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, path, obj in REQUESTS:
+        if only and name != only:
+            continue
         body = bodies_of(name, obj, mix)
         paths = targets(base, direct)
         for _, prefix in paths.values():
-            asyncio.run(load(prefix + path, body, 300))  # warm
+            asyncio.run(load(prefix + path, body, 300, concurrency))  # warm
         runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
         for _ in range(rounds):
             for key, (_, prefix) in paths.items():
                 before = process_cpu()
                 start = time.perf_counter()
-                asyncio.run(load(prefix + path, body, requests))
+                asyncio.run(load(prefix + path, body, requests, concurrency))
                 wall = time.perf_counter() - start
                 row = per_request(before, process_cpu(), requests)
                 row["req_per_s"] = round(requests / wall, 1)
@@ -253,11 +287,12 @@ def measure(base: str, direct: str, requests: int, rounds: int,
     return out
 
 
-def profile_replica(base: str, seconds: float, out: Path, mix: str = "one") -> None:
-    """py-spy on the gateway replica while the classify load runs at ``base``
-    (``--replica-profile``, ``--profile-via``)."""
+def profile_replica(base: str, seconds: float, out: Path, mix: str = "one",
+                    concurrency: int = CONCURRENCY, only: str | None = None) -> None:
+    """py-spy on the gateway replica while the classify load (or ``only``'s) runs at
+    ``base`` (``--replica-profile``, ``--profile-via``)."""
     pid = next(p for p, (role, _) in process_cpu().items() if role == "gateway_replica")
-    name, path, obj = REQUESTS[0]
+    name, path, obj = next(r for r in REQUESTS if r[0] == (only or "classify"))
     bodies = bodies_of(name, obj, mix)
     spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     spy = subprocess.Popen([spy_bin, "record", "--pid", str(pid), "--duration",
@@ -265,7 +300,7 @@ def profile_replica(base: str, seconds: float, out: Path, mix: str = "one") -> N
                             "--nonblocking"])
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        asyncio.run(load(base + path, bodies, 1000))
+        asyncio.run(load(base + path, bodies, 1000, concurrency))
     spy.wait()
 
 
@@ -278,12 +313,19 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1, help="ingress replicas")
     ap.add_argument("--mix", choices=("one", "bench"), default="one",
                     help="one request repeated, or the GPU benchmark's 1,000 (bodies_of)")
+    ap.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    ap.add_argument("--answer", choices=("small", "gpu"), default="small",
+                    help="the canned judge answer: 4 tokens, or the GPU benchmark's 64 "
+                         "tokens with logprobs")
+    ap.add_argument("--engine-delay-ms", type=float, default=0.0,
+                    help="the canned engine holds each answer this long (requests in flight)")
+    ap.add_argument("--only", choices=[name for name, _, _ in REQUESTS])
     ap.add_argument("--out", type=Path,
                     default=REPO / "benchmarks" / "results" / "ingress_stack.json")
     ap.add_argument("--engine", type=int, help=argparse.SUPPRESS)  # the canned engine's child
     args = ap.parse_args()
     if args.engine:
-        run_engine(args.engine)
+        run_engine(args.engine, args.answer, args.engine_delay_ms)
         return
 
     from deployments.engine.process import free_port
@@ -294,36 +336,35 @@ def main() -> None:
     os.environ.update(proxy_env("haproxy", workdir))  # before Ray starts Serve
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     engine_port, http_port, direct_port = free_port(), free_port(), free_port()
-    engine = subprocess.Popen([sys.executable, "-m", "benchmarks.ingress_stack", "--engine",
-                               str(engine_port)], cwd=REPO, start_new_session=True)
     import ray
     from ray import serve
 
     from gateway.serve.app import Gateway
     engine_url = f"http://127.0.0.1:{engine_port}"
-    try:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
-                 log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        slots = CannedSlots(engine_url, ["rm", "judge"])
-        serve.run(Gateway.options(num_replicas=args.replicas).bind(gateway_config(direct_port),
-                                                                  slots),
-                  name="rmgate", route_prefix="/")
-        serve.run(bare_app(engine_url), name="bare", route_prefix="/bare")
-        base = f"http://127.0.0.1:{http_port}"
-        if args.replica_profile:
-            via = base if args.profile_via == "serve" else f"http://127.0.0.1:{direct_port}"
-            profile_replica(via, args.replica_profile, workdir / "replica.txt", args.mix)
-            print(f"py-spy (raw stacks): {workdir / 'replica.txt'}")
-        result = {"requests": args.requests, "rounds": args.rounds, "concurrency": CONCURRENCY,
-                  "replicas": args.replicas, "mix": args.mix,
-                  "paths": measure(base, f"http://127.0.0.1:{direct_port}", args.requests,
-                                           args.rounds, args.mix)}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        engine.terminate()
-        engine.wait(30)
+    with canned_engine(engine_port, args.answer, args.engine_delay_ms):
+        try:
+            ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
+                     log_to_driver=False)
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+            slots = CannedSlots(engine_url, ["rm", "judge"])
+            serve.run(Gateway.options(num_replicas=args.replicas).bind(
+                gateway_config(direct_port), slots), name="rmgate", route_prefix="/")
+            serve.run(bare_app(engine_url), name="bare", route_prefix="/bare")
+            base = f"http://127.0.0.1:{http_port}"
+            if args.replica_profile:
+                via = base if args.profile_via == "serve" else f"http://127.0.0.1:{direct_port}"
+                profile_replica(via, args.replica_profile, workdir / "replica.txt", args.mix,
+                                args.concurrency, args.only)
+                print(f"py-spy (raw stacks): {workdir / 'replica.txt'}")
+            result = {"requests": args.requests, "rounds": args.rounds,
+                      "concurrency": args.concurrency, "replicas": args.replicas,
+                      "mix": args.mix, "answer": args.answer,
+                      "engine_delay_ms": args.engine_delay_ms,
+                      "paths": measure(base, f"http://127.0.0.1:{direct_port}", args.requests,
+                                       args.rounds, args.mix, args.concurrency, args.only)}
+        finally:
+            serve.shutdown()
+            ray.shutdown()
     print(f"{'request':<10}{'path':<9}{'replica ms':>12}{'haproxy ms':>12}{'total ms':>10}"
           f"{'x bare':>8}{'req/s':>9}")
     for name, rows in result["paths"].items():
@@ -331,9 +372,7 @@ def main() -> None:
             r = rows[key]
             print(f"{name:<10}{key:<9}{r['replica_ms']:>12.3f}{r['haproxy_ms']:>12.3f}"
                   f"{r['total_ms']:>10.3f}{r['total_over_bare']:>8.2f}{r['req_per_s']:>9.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

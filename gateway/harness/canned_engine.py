@@ -27,6 +27,32 @@ CHAT = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0
                              "completion_tokens": 4}}).encode()
 
 
+
+
+def chat_with_logprobs(tokens: int = 64) -> bytes:
+    """A judge answer the size of the GPU benchmark's (``max_tokens`` 64, ``logprobs``,
+    ``top_logprobs`` 1), in vLLM's layout: what a real judge request makes the gateway
+    read and forward (about 10 kB against ``CHAT``'s 0.3 kB)."""
+    entries = []
+    for i in range(tokens):
+        token = f" w{i % 97}"
+        logprob = -((i * 7919) % 1000) / 997.0
+        one = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+        entries.append({**one, "top_logprobs": [one]})
+    return json.dumps({
+        "id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "judge",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(
+            e["token"] for e in entries), "refusal": None, "annotations": None,
+            "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
+            "logprobs": {"content": entries}, "finish_reason": "length",
+            "stop_reason": None, "token_ids": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": 40, "total_tokens": 40 + tokens,
+                  "completion_tokens": tokens, "prompt_tokens_details": None},
+        "prompt_logprobs": None, "prompt_token_ids": None,
+        "kv_transfer_params": None}).encode()
+
+
 class CannedTransport:
     """Every slot healthy, in one numerics class, answering at once."""
 

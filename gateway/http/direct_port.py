@@ -131,9 +131,11 @@ async def serve_direct_port(app: ASGIApp, host: str, port: int, max_body_bytes: 
     except OSError as exc:  # the port is another program's: say so, keep Serve's port
         logger.error("rmgate: cannot serve on %s:%d (gateway.direct_port): %s", host, port, exc)
         return
+    # no proxy-headers middleware: rmgate reads no client address (one ASGI layer less per
+    # request); no access log (the request metrics count every request)
     server = uvicorn.Server(uvicorn.Config(
         CancelOnDisconnect(app, max_body_bytes), lifespan="off", access_log=False,
-        log_config=None, timeout_keep_alive=int(keep_alive_s)))
+        log_config=None, timeout_keep_alive=int(keep_alive_s), proxy_headers=False))
     # the replica's signals stay Serve's (uvicorn takes them when it runs in the main thread)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     logger.info("rmgate: the ingress also serves on %s:%d (SO_REUSEPORT)", host, port)

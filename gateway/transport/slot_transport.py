@@ -3,7 +3,7 @@
 Composed of small parts, each with one job: the ``SlotDirectory`` (where each engine
 listens), one ``SlotGate`` per slot (at most the slot mode's ``max_inflight`` in the engine,
 a bounded waiting room), a ``RetryState`` per attempt (explicit outcomes, injected clock)
-and one ``EngineClient`` per transport kind (aiohttp straight to the engine, or the slot
+and one ``EngineClient`` per transport kind (HTTP/1.1 straight to the engine, or the slot
 replica's handle). It walks the core's ``Placement`` in order and records what happened
 in the metrics; it decides nothing about where a key may go.
 
@@ -34,7 +34,7 @@ from gateway.core.transport import (EngineClient, EngineConnectionLost, EngineNo
 from gateway.observability import metrics
 from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
-from gateway.transport.engine_client import AiohttpEngineClient, HandleEngineClient
+from gateway.transport.engine_client import HandleEngineClient, Http1EngineClient
 from gateway.transport.gate import SlotGate, acquire_first
 
 logger = logging.getLogger("rmgate")
@@ -44,7 +44,7 @@ def engine_client_for(kind: str, handles: Mapping[str, Any]) -> EngineClient:
     """The engine client of a transport kind (``gateway.transport`` in the config)."""
     if kind == "handle":
         return HandleEngineClient(handles)
-    return AiohttpEngineClient()
+    return Http1EngineClient()
 
 
 class SlotTransport:
