@@ -124,6 +124,7 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
     cfg = load_serve_config(config)
     refuse_missing_paths(config, cfg)
     http = dict(cfg.get("http_options") or {})
+    host_given = host is not None
     host = host or http.get("host", "127.0.0.1")
     port = port or int(http.get("port", 8000))
     if host in LOOPBACK_HOSTS:
@@ -149,8 +150,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         rendered = render(cfg)
         if address is not None:  # slots may run on other nodes than the ingress
             rendered = topology.with_engines_on_node_addresses(rendered)
-        if direct_port is not None:
-            rendered = topology.with_direct_port(rendered, direct_port, host)
+        rendered, direct_port, direct_host = topology.bind_direct_port(
+            rendered, direct_port, host, host_given)
     except ValueError as exc:
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None
@@ -180,8 +181,8 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
                    f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)")
         if direct_port is not None:
-            typer.echo(f"direct port: http://{host}:{direct_port} (the ingress replicas "
-                       "themselves, Serve's proxy left out)")
+            typer.echo(f"direct port: http://{direct_host}:{direct_port} (the ingress "
+                       "replicas themselves, Serve's proxy left out)")
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
             # Ray 2.60 turns token auth on for the cluster; its CLI reads the token

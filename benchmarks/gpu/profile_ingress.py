@@ -1,14 +1,15 @@
 """Where one ingress process spends its CPU under DisRM load: py-spy on the real stack.
 
 One ``rmgate serve`` of the 0.5B DisRM shape (4 batch-invariant slots, one ingress replica,
-the defaults otherwise: ledger and cache on), loaded at concurrency 256 with ``/classify``
+the defaults otherwise: ledger and cache on), loaded through the ingress's own port
+(``--via direct``, as ``configs/gpu-small.yaml`` ships it) or Serve's at concurrency 256 with ``/classify``
 requests of 1-900 characters by the multi-process load generator, while ``py-spy record``
 samples the ingress replica's process (and its threads) for ``--seconds``. The stacks are
 folded into shares of the samples by what they are in: Ray Serve's replica wrapper,
 uvicorn, Starlette/FastAPI, rmgate (by module), aiohttp, JSON, Prometheus, the event loop,
 the ledger, idle.
 
-    python -m benchmarks.gpu.profile_ingress OUT [--seconds 15]
+    python -m benchmarks.gpu.profile_ingress OUT [--seconds 15] [--via direct|serve]
 
 Writes ``OUT/profile_ingress.json`` (the shares, the top self-time frames, the load's
 req/s and gateway CPU per request) and ``OUT/profile_ingress.folded`` (py-spy's raw
@@ -99,6 +100,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--via", choices=("direct", "serve"), default="direct",
+                    help="load the ingress's own port (gateway.direct_port) or Serve's")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/profile-ingress")
@@ -118,7 +121,10 @@ def main() -> None:
     path.write_text(yaml.safe_dump(cfg))
     spy = shutil.which("py-spy") or "py-spy"
     result: dict[str, Any] = {}
-    with gateway(path, work, 900, 8100) as (url, _, _), LoadGen(procs=4) as lg:
+    with gateway(path, work, 900, 8100, 8101) as (url, _, _), LoadGen(procs=4) as lg:
+        if args.via == "direct":
+            url = "http://127.0.0.1:8101"
+        result["via"] = args.via
         calls = [("/classify", rm_body("rm", i)) for i in range(2048 + int(args.seconds + 5) * 700)]
         lg.run([url], calls[:2048], 256)  # warm: compile, caches
         pid = ingress_pid()

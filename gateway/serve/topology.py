@@ -175,6 +175,27 @@ def with_direct_port(rendered: dict[str, Any], port: int, host: str) -> dict[str
     return out
 
 
+def direct_port_of(rendered: dict[str, Any]) -> tuple[int | None, str]:
+    """The ingress application's ``gateway.direct_port`` and ``direct_host`` (None when
+    it serves on Serve's port only)."""
+    gateway = (_ingress(rendered["applications"]).get("args") or {}).get("gateway") or {}
+    return gateway.get("direct_port"), gateway.get("direct_host", "127.0.0.1")
+
+
+def bind_direct_port(rendered: dict[str, Any], port: int | None, host: str,
+                     host_given: bool) -> tuple[dict[str, Any], int | None, str]:
+    """``rmgate serve``'s direct port: ``--direct-port`` binds ``port`` on ``host``; without
+    it the config's ``gateway.direct_port`` stands, on the config's ``direct_host`` unless
+    ``--host`` was given (a container's 0.0.0.0 then reaches both ports). Returns the
+    rendered config, the port (None: none) and the address it binds."""
+    configured, configured_host = direct_port_of(rendered)
+    if port is None and configured is not None and host_given:
+        port = configured
+    if port is None:
+        return rendered, configured, configured_host
+    return with_direct_port(rendered, port, host), port, host
+
+
 def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
     """The slot counts the ingress application routes with."""
     ingress = _ingress(apps)

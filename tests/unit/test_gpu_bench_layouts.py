@@ -115,7 +115,8 @@ def test_layouts_that_stand_for_a_config_take_its_settings():
     assert layout.ingress_replicas == args["gateway"]["ingress_replicas"]
     cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
     got = {("grm" if m["kind"] == "generative" else "rm"): m for m in cfg["applications"][0]["args"]["models"]}
-    assert cfg["applications"][0]["args"]["gateway"]["ingress_replicas"] == 4
+    assert cfg["applications"][0]["args"]["gateway"]["ingress_replicas"] == \
+        args["gateway"]["ingress_replicas"]
     for kind, m in want.items():
         assert got[kind]["replicas"] == m["replicas"]
         assert got[kind]["engine_args"] == m["engine_args"]

@@ -172,3 +172,18 @@ def test_render_with_a_direct_port_renders_what_serve_with_it_deploys(tmp_path):
     rendered = yaml.safe_load(out.read_text())
     expected = topology.with_direct_port(topology.render(COMPACT), 8123, "127.0.0.1")
     assert rendered["applications"] == expected["applications"]
+
+
+def test_serve_binds_the_configs_direct_port_on_host_only_when_host_is_given():
+    """`rmgate serve CONFIG --host 0.0.0.0` (a container) reaches both ports; without --host
+    the config's direct_host stands; --direct-port wins over the config's port."""
+    configured = copy.deepcopy(COMPACT)
+    configured["applications"][0]["args"]["gateway"] = {"direct_port": 8001}
+    rendered = topology.render(configured)
+    assert topology.bind_direct_port(rendered, None, "0.0.0.0", False)[1:] == (8001, "127.0.0.1")
+    out, port, host = topology.bind_direct_port(rendered, None, "0.0.0.0", True)
+    assert (port, host) == (8001, "0.0.0.0")
+    assert topology.direct_port_of(out) == (8001, "0.0.0.0")
+    assert topology.bind_direct_port(rendered, 9001, "10.0.0.1", True)[1:] == (9001, "10.0.0.1")
+    plain = topology.render(COMPACT)
+    assert topology.bind_direct_port(plain, None, "0.0.0.0", True) == (plain, None, "127.0.0.1")
