@@ -19,8 +19,8 @@ client left) closes its connection, which is how vLLM learns to abort the reques
 A kept connection the engine closed while it sat idle (vLLM's server drops idle ones after
 5 s; this client stops reusing them after ``KEEPALIVE_S``, 4 s, as aiohttp was configured
 to) is noticed when it says so; a close that crosses the request on the wire is taken as
-a stale connection when nothing of an answer came back, and the request goes once more on a
-new connection.
+a stale connection when nothing of an answer came back: the connections kept to that engine
+are dropped and the request goes once more, on a new connection.
 """
 
 from __future__ import annotations
@@ -159,7 +159,9 @@ class Http1EngineClient:
             try:
                 return await self._exchange(conn, request, deadline, loop, target.url,
                                             timeout_s)
-            except _Stale:
+            except _Stale:  # the others kept with it likely are too (the engine restarted)
+                for stale in self._idle.pop((host, port), ()):
+                    self._drop(stale)
                 continue
             finally:
                 self._release(conn, host, port)

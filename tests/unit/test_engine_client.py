@@ -259,3 +259,35 @@ async def test_an_idle_connection_past_its_keep_alive_is_not_reused():
         assert len(set(server.peers)) == 2 and server.peers[1] == server.peers[2]
         assert len(client._open) == 1
         await client.aclose()
+
+
+async def test_after_an_engine_restart_no_other_stale_connection_is_tried():
+    """Two kept connections, both dead (the engine restarted): the first one found stale
+    drops the other too, and the request goes on a new connection."""
+    requests: list[int] = []
+
+    class Engine(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.n = transport, len(requests)
+            requests.append(0)
+
+        def data_received(self, data):
+            requests[self.n] += 1
+            if self.n < 2 and requests[self.n] == 2:
+                self.transport.close()  # the old engine's connections die under a request
+                return
+            asyncio.get_running_loop().call_later(
+                0.05, self.transport.write, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    srv = await asyncio.get_running_loop().create_server(Engine, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    client = Http1EngineClient()
+    try:
+        both = await asyncio.gather(*(client.post(target(url), "/x", b"{}", 5) for _ in range(2)))
+        assert both == [(200, b"ok")] * 2 and requests == [1, 1]  # two connections kept
+        assert await client.post(target(url), "/x", b"{}", 5) == (200, b"ok")
+        # one stale connection tried (2 requests on it), not the other, then a new one
+        assert sorted(requests) == [1, 1, 2] and requests[2] == 1
+    finally:
+        await client.aclose()
+        srv.close()
