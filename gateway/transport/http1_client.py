@@ -39,6 +39,8 @@ from gateway.core.transport import (EngineConnectionLost, EngineNoAnswer, Engine
 CONNECT_TIMEOUT_S = 5.0
 #: An idle connection is not reused past this (vLLM's server closes idle ones at 5 s).
 KEEPALIVE_S = 4.0
+#: Request heads kept (one per engine address, path and secret).
+MAX_HEADS = 4096
 
 
 class _Stale(Exception):
@@ -138,6 +140,8 @@ class Http1EngineClient:
         key = (target.url, path, tuple(target.headers.items()))
         head = self._heads.get(key)
         if head is None:
+            if len(self._heads) >= MAX_HEADS:  # engines restarted many times: new secrets
+                self._heads.clear()
             url = urlsplit(target.url)
             host, port = url.hostname or "127.0.0.1", url.port or 80
             lines = [f"POST {url.path.rstrip('/')}{path} HTTP/1.1", f"host: {url.netloc}",
