@@ -72,6 +72,19 @@ async def run(client: EngineClient, url: str, path: str, bodies: list[bytes], n:
     return (1000 * (time.process_time() - cpu) / n, n / (time.perf_counter() - wall))
 
 
+def wait_until_up(url: str, timeout_s: float = 30.0) -> None:
+    """Until the canned engine answers (its process starts in about a second)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 async def measure(url: str, requests: int, rounds: int, concurrency: int) -> dict:
     out: dict = {}
     for name, path in (("classify", "/classify"), ("chat", "/v1/chat/completions")):
@@ -107,15 +120,7 @@ def main() -> None:
     port = free_port()
     with canned_engine(port, args.answer, args.engine_delay_ms):
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_until_up(url)
         result = uvloop.run(measure(url, args.requests, args.rounds, args.concurrency))
     result = {"requests": args.requests, "rounds": args.rounds,
               "concurrency": args.concurrency, "answer": args.answer,
