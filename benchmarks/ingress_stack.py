@@ -356,7 +356,11 @@ def main() -> None:
                 profile_replica(via, args.replica_profile, workdir / "replica.txt", args.mix,
                                 args.concurrency, args.only)
                 print(f"py-spy (raw stacks): {workdir / 'replica.txt'}")
-            result = {"requests": args.requests, "rounds": args.rounds,
+                from benchmarks.gpu.profile_ingress import fold  # the GPU profile's buckets
+                profile = fold(workdir / "replica.txt")
+                print(json.dumps(profile["busy_shares"]))
+            result = {"profile": profile if args.replica_profile else None,
+                      "requests": args.requests, "rounds": args.rounds,
                       "concurrency": args.concurrency, "replicas": args.replicas,
                       "mix": args.mix, "answer": args.answer,
                       "engine_delay_ms": args.engine_delay_ms,
