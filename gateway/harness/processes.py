@@ -48,16 +48,18 @@ def processes_with_env(marker: str) -> list[int]:
 
 
 def engine_launcher_pid(port: int | str) -> int:
-    """The engine launcher (process-group leader) of the engine listening on ``port``."""
+    """The engine launcher (process-group leader) of the engine listening on ``port``; not
+    its watchdog, a forked child with the same command line."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
+                if (b"deployments.engine.launcher" in cmd and b"--port" in cmd
+                        and cmd[cmd.index(b"--port") + 1] == str(port).encode()
+                        and os.getpgid(int(entry.name)) == int(entry.name)):
+                    return int(entry.name)
             except OSError:
                 continue
-            if (b"deployments.engine.launcher" in cmd and b"--port" in cmd
-                    and cmd[cmd.index(b"--port") + 1] == str(port).encode()):
-                return int(entry.name)
     raise LookupError(port)
 
 

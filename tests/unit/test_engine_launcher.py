@@ -20,11 +20,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _launch(tmp_path):
+def _launch(tmp_path, ignore_sigterm: bool = False):
     pidfile = tmp_path / "server.pid"
-    server = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine.launcher", "--",
-                             sys.executable, "-c", server], start_new_session=True)
+    server = ("import os, signal, time; "
+              + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignore_sigterm else "")
+              + f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine.launcher", "--grace-s",
+                             "1", "--", sys.executable, "-c", server], start_new_session=True)
     deadline = time.monotonic() + 30
     while not (pidfile.exists() and pidfile.read_text()):
         assert time.monotonic() < deadline, "server did not start"
@@ -45,6 +47,17 @@ def _gone_within(pid: int, seconds: float) -> bool:
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_server_ends_with_the_launcher(tmp_path, how):
     proc, server = _launch(tmp_path)
+    os.kill(proc.pid, how)
+    proc.wait(timeout=30)
+    assert _gone_within(server, 15), f"server outlived a launcher ended by {how.name}"
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_server_that_ignores_sigterm_still_ends_with_the_launcher(tmp_path, how):
+    """A vLLM server still starting up was seen to outlive its SIGKILLed launcher (the
+    kernel's SIGTERM came to nothing): the launcher's watchdog ends the group, SIGKILL
+    after the grace period."""
+    proc, server = _launch(tmp_path, ignore_sigterm=True)
     os.kill(proc.pid, how)
     proc.wait(timeout=30)
     assert _gone_within(server, 15), f"server outlived a launcher ended by {how.name}"
