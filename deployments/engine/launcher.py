@@ -54,7 +54,7 @@ def _end_group(server_alive: Callable[[], bool], grace_s: float) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie does not)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -73,7 +73,7 @@ def _fork_watchdog(server: int, grace_s: float) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's to act on
         while os.getppid() == launcher:
             time.sleep(POLL_S)
-        _end_group(lambda: _pid_alive(server), grace_s)
+        _end_group(lambda: pid_alive(server), grace_s)
     finally:
         os._exit(0)
 

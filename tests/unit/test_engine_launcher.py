@@ -11,13 +11,7 @@ import time
 
 import pytest
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from deployments.engine.launcher import pid_alive as _alive
 
 
 def _launch(tmp_path, ignore_sigterm: bool = False):
