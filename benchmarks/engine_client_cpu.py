@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
-from benchmarks.ingress_stack import REPO, bodies_of, canned_engine, write_result
+from benchmarks.ingress_stack import REPO, bodies_of, canned_engine, report
 from gateway.core.transport import EngineClient, SlotInfo
 from gateway.transport.http1_client import Http1EngineClient
 
@@ -125,13 +125,9 @@ def main() -> None:
     result = {"requests": args.requests, "rounds": args.rounds,
               "concurrency": args.concurrency, "answer": args.answer,
               "engine_delay_ms": args.engine_delay_ms, "clients": result}
-    print(f"{'request':<10}{'client':<14}{'CPU ms/req':>12}{'x aiohttp':>11}{'req/s':>10}")
-    for name, rows in result["clients"].items():
-        for key in CLIENTS:
-            r = rows[key]
-            print(f"{name:<10}{key:<14}{r['cpu_ms']:>12.4f}{r['over_aiohttp']:>11.2f}"
-                  f"{r['req_per_s']:>10.1f}")
-    write_result(args.out, result)
+    report(args.out, result, result["clients"], list(CLIENTS),
+           [("CPU ms/req", "cpu_ms", ".4f"), ("x aiohttp", "over_aiohttp", ".2f"),
+            ("req/s", "req_per_s", ".1f")])
 
 
 if __name__ == "__main__":

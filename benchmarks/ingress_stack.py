@@ -105,7 +105,15 @@ def canned_engine(port: int, answer: str, delay_ms: float) -> Iterator[subproces
         engine.wait(30)
 
 
-def write_result(out: Path, result: dict[str, Any]) -> None:
+def report(out: Path, result: dict[str, Any], rows: dict[str, dict[str, Any]],
+           order: list[str], columns: list[tuple[str, str, str]]) -> None:
+    """Print ``rows[request][path]`` as a table, ``columns`` as (header, field, format),
+    and write ``result`` to ``out``."""
+    print(f"{'request':<10}{'path':<14}" + "".join(f"{h:>12}" for h, _, _ in columns))
+    for name, by_path in rows.items():
+        for key in order:
+            print(f"{name:<10}{key:<14}" + "".join(
+                f"{by_path[key][field]:>12{fmt}}" for _, field, fmt in columns))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
@@ -369,14 +377,10 @@ def main() -> None:
         finally:
             serve.shutdown()
             ray.shutdown()
-    print(f"{'request':<10}{'path':<9}{'replica ms':>12}{'haproxy ms':>12}{'total ms':>10}"
-          f"{'x bare':>8}{'req/s':>9}")
-    for name, rows in result["paths"].items():
-        for key in ("gateway", "direct", "bare"):
-            r = rows[key]
-            print(f"{name:<10}{key:<9}{r['replica_ms']:>12.3f}{r['haproxy_ms']:>12.3f}"
-                  f"{r['total_ms']:>10.3f}{r['total_over_bare']:>8.2f}{r['req_per_s']:>9.1f}")
-    write_result(args.out, result)
+    report(args.out, result, result["paths"], ["gateway", "direct", "bare"],
+           [("replica ms", "replica_ms", ".3f"), ("haproxy ms", "haproxy_ms", ".3f"),
+            ("total ms", "total_ms", ".3f"), ("x bare", "total_over_bare", ".2f"),
+            ("req/s", "req_per_s", ".1f")])
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ CHAT = json.dumps({"id": "chatcmpl-0", "object": "chat.completion", "created": 0
                              "completion_tokens": 4}}).encode()
 
 
-
-
 def chat_with_logprobs(tokens: int = 64) -> bytes:
     """A judge answer the size of the GPU benchmark's (``max_tokens`` 64, ``logprobs``,
     ``top_logprobs`` 1), in vLLM's layout: what a real judge request makes the gateway

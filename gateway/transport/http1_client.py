@@ -131,13 +131,13 @@ class Http1EngineClient:
         self.keepalive_s = keepalive_s
         #: (host, port) -> idle connections, the most recently used last
         self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
-        #: (url, path, headers) -> (host, port, the request's head without its length)
-        self._heads: dict[tuple[str, str, tuple[tuple[str, str], ...]],
-                          tuple[str, int, bytes]] = {}
+        #: (url, path, secret) -> (host, port, the request's head without its length); a
+        #: slot's headers are a function of its secret (``SlotInfo.headers``)
+        self._heads: dict[tuple[str, str, str | None], tuple[str, int, bytes]] = {}
         self._open: set[_Connection] = set()
 
     def _head(self, target: SlotInfo, path: str) -> tuple[str, int, bytes]:
-        key = (target.url, path, tuple(target.headers.items()))
+        key = (target.url, path, target.secret)
         head = self._heads.get(key)
         if head is None:
             if len(self._heads) >= MAX_HEADS:  # engines restarted many times: new secrets
