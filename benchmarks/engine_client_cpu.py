@@ -23,7 +23,7 @@ import aiohttp
 import uvloop
 
 from benchmarks.ingress_stack import REPO, bodies_of, canned_engine, report
-from gateway.core.transport import EngineClient, SlotInfo
+from gateway.core.routing.engine_access import EngineClient, SlotInfo
 from gateway.transport.http1_client import Http1EngineClient
 
 

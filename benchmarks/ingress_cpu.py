@@ -1,6 +1,6 @@
 """CPU per request of the ingress's own work, against a bare pass-through, in one process.
 
-The gateway's ASGI app (``gateway.http.app.create_app`` around ``RewardGateway``) is driven
+The gateway's ASGI app (``gateway.http.app.create_app`` around ``RewardService``) is driven
 directly (no client, no socket: a prebuilt ASGI scope) over a transport that answers at no
 cost (``gateway.harness.canned_engine``), so what is measured is the ingress's own work per
 request: parsing and validating the body, canonical JSON and the key, placement, seeds, the
@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.core.config import AppConfig
-from gateway.core.service import RewardGateway
+from gateway.core.config.settings import AppConfig
+from gateway.core.service import RewardService
 from gateway.harness.canned_engine import CHAT, CLASSIFY, CannedTransport
 from gateway.http.app import create_app
 from gateway.http.hot_path import HotPath
@@ -56,7 +56,7 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 def gateway_app() -> ASGIApp:
     """The app as the ingress replica serves it (``gateway.serve.app``: the hot path in
     front of FastAPI)."""
-    return HotPath(create_app(RewardGateway(AppConfig.model_validate(CONFIG),
+    return HotPath(create_app(RewardService(AppConfig.model_validate(CONFIG),
                                             CannedTransport())))
 
 

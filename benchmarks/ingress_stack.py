@@ -8,7 +8,7 @@ ingress app, the aiohttp call to the engine. This benchmark starts Ray Serve as
 applications in front of one canned engine (a separate process answering vLLM's bytes at
 once; its CPU is not counted):
 
-* ``/``: rmgate's ingress deployment itself (``gateway.serve.app.Gateway``), one replica,
+* ``/``: rmgate's ingress deployment itself (``gateway.serve.app.IngressReplica``), one replica,
   4 DisRM + 4 judge slots that all point at the canned engine (``CannedSlots`` stands in
   for the slot applications' handles), ledger and cache off;
 * the same ingress replica on its own port (``gateway.direct_port``: Serve's proxy left out);

@@ -56,7 +56,7 @@ def config(models_dir: Path, state_dir: Path) -> dict[str, Any]:
                     "scorer": {"template": "Is {prompt} {response} right?",
                                "parser": "last_int"}} if kind == "generative" else {})}
     return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 900,
                              "ledger": {"state_dir": str(state_dir)}},
                  "models": [model("rm", "disrm", "discriminative"),
@@ -131,7 +131,7 @@ class InstantEngines:
     """Answers at once, like vLLM (the class the ledger names: one known class)."""
 
     async def post(self, model, placement, path, body, deadline):
-        from gateway.core.transport import EngineReply
+        from gateway.core.api.results import EngineReply
         data = json.loads(body)
         out = {"id": "classify-x", "object": "list", "model": model,
                "data": [{"index": 0, "label": "LABEL_0", "probs": [len(str(data)) / 7.0],
@@ -145,14 +145,14 @@ class InstantEngines:
         return "healthy"
 
     def slot_view(self, model, slots):
-        from gateway.core.numerics import ModelClasses
-        from gateway.core.transport import SlotView
+        from gateway.core.routing.numerics import ModelClasses
+        from gateway.core.routing.engine_access import SlotView
         return SlotView(ModelClasses(("cls-bench",) * slots))
 
 
 async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> dict[str, Any]:
-    from gateway.core.config import AppConfig, LedgerSettings
-    from gateway.core.service import RewardGateway
+    from gateway.core.config.settings import AppConfig, LedgerSettings
+    from gateway.core.service import RewardService
     from gateway.ledger.ledger import Ledger
 
     cfg = AppConfig.model_validate({"models": [
@@ -163,14 +163,14 @@ async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> di
         settings = LedgerSettings(backend=backend, dsn=dsn, state_dir=str(state / backend))
         ledger = Ledger.open(settings)
         ledger.writer.start()
-    gw = RewardGateway(cfg, InstantEngines(), ledger=ledger)
+    gw = RewardService(cfg, InstantEngines(), ledger=ledger)
     bodies = [json.dumps({"model": "rm", "input": f"sample {backend} {i} of a GRPO group"}
                          ).encode() for i in range(n)]
     for b in bodies[:200]:  # warm-up (imports, first allocations)
-        await gw.pool("/classify", b, use_cache=False)
+        await gw.classify(b, use_cache=False)
     cpu0, t0 = time.process_time(), time.perf_counter()
     for b in bodies:
-        await gw.pool("/classify", b, use_cache=False)
+        await gw.classify(b, use_cache=False)
     if ledger is not None:
         await ledger.writer.flush()  # the writer's work belongs to these requests
     cpu = time.process_time() - cpu0
@@ -184,7 +184,7 @@ async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> di
             lat = []
             for b in bodies[: min(n, 5000)]:
                 t = time.perf_counter()
-                result = await gw.pool("/classify", b)
+                result = await gw.classify(b)
                 lat.append(time.perf_counter() - t)
                 assert result.routes[0].cache == "hit"
             lat.sort()

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def gateway_app(name: str, route: str, models: Path, where: list[str]) -> dict[str, Any]:
-    return {"name": name, "route_prefix": route, "import_path": "gateway.app:build_app",
+    return {"name": name, "route_prefix": route, "import_path": "gateway.serve.app:build_app",
             "deployments": [{"name": "gateway", "ray_actor_options": {
                 "num_cpus": 0, "resources": {"nodeA": 0.01}}}],
             "args": {"gateway": {"placement": "class", "slot_wait_s": 180,

@@ -40,7 +40,7 @@ VARIANTS: list[tuple[str, int | None]] = [("own-cores", 1), ("vllm-auto-binding"
 
 def config(model_path: Path, cores_per_slot: int | None) -> dict[str, Any]:
     return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
                  "models": [{"name": "rm", "kind": "discriminative", "replicas": 1,
                              "model_path": str(model_path), "determinism": "serialize",

@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from gateway.core.hashing import slot_for_key
-from gateway.core.keys import request_key
+from gateway.core.routing.hashing import slot_for_key
+from gateway.core.routing.keys import request_key
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -42,9 +42,9 @@ import httpx
 import yaml
 
 from deployments.engine.process import free_port
-from gateway.core.answers import answer_of
-from gateway.core.hashing import slot_for_key
-from gateway.core.keys import request_key
+from gateway.core.api.answers import answer_of
+from gateway.core.routing.hashing import slot_for_key
+from gateway.core.routing.keys import request_key
 from gateway.harness import cpu_accounting
 from gateway.harness.least_loaded import start_proxy
 from gateway.harness.processes import engine_headers_for, engine_launcher_pid, stop_process_group
@@ -62,7 +62,7 @@ def config(models_dir: Path, replicas: int) -> dict[str, Any]:
         return {"name": name, "kind": kind, "model_path": str(models_dir / path), "replicas": n,
                 "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
     return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         # pinned: the numbers here (and "1 engine = slot 0's keys") were measured with a key
         # on its own slot; class placement under a slow slot: benchmarks/slow_slot.py
         "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600,

@@ -57,7 +57,7 @@ import httpx
 import yaml
 
 from benchmarks.side_by_side import engine_urls, load
-from gateway.core.hashing import slot_for_key
+from gateway.core.routing.hashing import slot_for_key
 from gateway.harness import cpu_accounting
 from gateway.harness.least_loaded import start_proxy
 from gateway.harness.processes import engine_launcher_pid, stop_process_group
@@ -104,7 +104,7 @@ def config(models: Path, load_weight: str = "count", serialize_inflight: int | N
     gateway = {"max_queue_per_slot": 100000, "request_timeout_s": 600, "placement": "class",
                "load_bound": 1.25, "load_weight": load_weight, "canary_interval_s": 0}
     compact = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         "args": {"gateway": gateway, "models": [
             model("rm", "discriminative", "auto"),
             model("judge", "generative", "auto"),

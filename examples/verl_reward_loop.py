@@ -55,7 +55,7 @@ from typing import Any
 import aiohttp
 
 # rmgate's own `last_int` parser: the judge's text is read as /v1/rewards reads it
-from gateway.core.scoring import parse_last_int
+from gateway.core.scoring.judge_parsers import parse_last_int
 
 ADDRESS_ENV = "RMGATE_REWARD_ADDRESS"
 

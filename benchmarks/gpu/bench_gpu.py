@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 from benchmarks.gpu.bench_paths import grm_body  # noqa: F401  (one workload definition)
-from gateway.core.answers import answer_of
+from gateway.core.api.answers import answer_of
 from gateway.harness.running import running_gateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def serve_config(device: str, paths: dict[str, Path]) -> dict[str, Any]:
                 "max_queue_per_slot": 100000, "startup_timeout_s": 900})
     return {"http_options": {"host": "127.0.0.1", "port": 8000},
             "applications": [{"name": "rmgate", "route_prefix": "/",
-                              "import_path": "gateway.app:build_app",
+                              "import_path": "gateway.serve.app:build_app",
                               "args": {"models": models,
                                        "gateway": {"request_timeout_s": 600,
                                                    "max_queue_per_slot": 100000}}}]}

@@ -420,7 +420,7 @@ def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
             "max_queue_per_slot": 100000, "startup_timeout_s": 900, **m.spec})
     return {"http_options": {"host": "127.0.0.1", "port": 8000},
             "applications": [{"name": "rmgate", "route_prefix": "/",
-                              "import_path": "gateway.app:build_app",
+                              "import_path": "gateway.serve.app:build_app",
                               "args": {"models": models,
                                        "gateway": {"request_timeout_s": 900, "slot_wait_s": 900,
                                                    "max_queue_per_slot": 100000,
@@ -886,7 +886,7 @@ class Bench:
         apps = admin.applications()
         new = json.loads(json.dumps(apps))
         for app in new:
-            if app.get("import_path") in topology.INGRESS_IMPORTS:
+            if app.get("import_path") in {topology.INGRESS_IMPORT}:
                 for d in app.setdefault("deployments", []):
                     if d.get("name") == topology.INGRESS_DEPLOYMENT:
                         d["num_replicas"] = replicas

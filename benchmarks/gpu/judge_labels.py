@@ -54,7 +54,7 @@ def config(model_path: str) -> dict[str, Any]:
                                               "scorer": scorer}]}
 
     return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         "args": {
             "gateway": {"cache": "off", "ledger": {"backend": "off"}, "placement": "pinned",
                         "slot_wait_s": 300, "default_reward_model": "yes"},

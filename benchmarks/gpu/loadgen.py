@@ -6,7 +6,7 @@ it goes), starts them at one wall-clock instant, and merges what they measured:
 
 * throughput: requests / (last answer - first send), over all workers;
 * p50 / p99 latency;
-* a digest of each answer (``gateway.core.answers.answer_of``, canonical JSON): two runs
+* a digest of each answer (``gateway.core.api.answers.answer_of``, canonical JSON): two runs
   are bitwise the same where their digests are;
 * the load generator's own CPU per request (``time.process_time`` of every worker), so a
   reader can see that it is not what limits the rate;
@@ -36,7 +36,7 @@ Call = tuple[str, dict[str, Any]]
 
 
 def digest(path: str, payload: dict[str, Any]) -> str:
-    from gateway.core.answers import answer_of
+    from gateway.core.api.answers import answer_of
 
     return hashlib.sha1(answer_of(path, payload).canonical.encode()).hexdigest()[:16]
 
@@ -196,7 +196,7 @@ async def _legacy(url: str, calls: list[Call], concurrency: int, order: list[int
     """The old bench_gpu.py client: one httpx.AsyncClient, answers compared in-process."""
     import httpx
 
-    from gateway.core.answers import answer_of
+    from gateway.core.api.answers import answer_of
 
     sem = asyncio.Semaphore(concurrency)
     out: dict[int, str] = {}

@@ -111,7 +111,7 @@ def main() -> None:
               "attention_backend": "TRITON_ATTN", "kv_cache_memory_bytes": 2 << 30,
               "gpu_memory_utilization": 0.02}
     cfg = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
         "args": {"gateway": {"slot_wait_s": 300, "default_reward_model": "rm"},
                  "models": [{"name": "rm", "kind": "discriminative",
                              "model_path": str(work / "models" / "rm-0.5b"), "replicas": 4,

@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.config import ModelSpec
+from gateway.core.config.settings import ModelSpec
 
 __all__ = ["EngineArgumentError", "UnknownEngineArgument", "VllmArgsUnavailable",
            "check_engine_args", "known_engine_arg_names"]

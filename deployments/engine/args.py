@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.engine.guard import SECRET_ENV
-from gateway.core.config import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
-from gateway.core.transport import engine_auth
+from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
+from gateway.core.routing.engine_access import engine_auth
 
 
 @dataclass(frozen=True)

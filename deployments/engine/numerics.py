@@ -3,7 +3,7 @@
 Two slots answer bitwise alike when everything that decides the arithmetic is equal
 (the *identity*) and their answers to a fixed golden probe set hash alike (the *probe
 digest*, answered one at a time at start-up, so batching cannot enter). Equal identity and
-digest = one numerics class (``gateway.core.numerics``). Measured on the demo: the two
+digest = one numerics class (``gateway.core.routing.numerics``). Measured on the demo: the two
 slots of each demo model answered the same 100 engine bodies identically.
 """
 
@@ -19,9 +19,9 @@ import httpx
 from deployments.engine.args import EnginePlan, Platform, engine_headers
 from deployments.engine.fingerprint import vllm_version
 from deployments.engine.selftest import probe_requests
-from gateway.core.answers import answer_of
-from gateway.core.config import ModelSpec
-from gateway.core.numerics import class_id, probe_digest_of
+from gateway.core.api.answers import answer_of
+from gateway.core.config.settings import ModelSpec
+from gateway.core.routing.numerics import class_id, probe_digest_of
 
 #: engine_args that size or schedule the engine but cannot change an answer's bits under a
 #: deterministic mode (the mode fixes batching; these only bound memory and queues).

@@ -5,7 +5,7 @@ not something a config can promise. So a slot that is about to batch (``batch_in
 or any batching mode with ``selftest: always``) first proves it: the probes are sent once
 as a warm-up batch (Triton kernels compile at the first request), then one at a time,
 then all at once (DisRM: one ``/classify`` list request); every answer must be bitwise
-equal alone and batched (the same answer as ``gateway.core.answers`` defines it for
+equal alone and batched (the same answer as ``gateway.core.api.answers`` defines it for
 ``rmgate check`` and the benchmarks). If not, the slot restarts its engine under
 ``serialize`` and reports why (``/v1/models``, fingerprint).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from gateway.core.answers import Answer, answer_of
+from gateway.core.api.answers import Answer, answer_of
 
 #: Text probes: one character up to a few hundred characters (byte-level demo tokenizers:
 #: about one token per character).

@@ -24,7 +24,7 @@ from deployments.engine.process import EngineProcess
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
 from deployments.engine.selftest import run_selftest
-from gateway.core.config import ModelSpec
+from gateway.core.config.settings import ModelSpec
 
 logger = logging.getLogger("ray.serve")
 
@@ -75,7 +75,7 @@ class SlotReplica:
                 self._start_engine(self.spec.model_copy(update={"determinism": "serialize"}))
                 self.selftest["fallback"] = "serialize"
         # The slot's numerics class: its identity and its answers to the golden probes,
-        # one at a time, before it serves (gateway.core.numerics).
+        # one at a time, before it serves (gateway.core.routing.numerics).
         self.numerics = slot_numerics(self.spec, self.plan, self.platform, self.model_digest,
                                       self.engine.url)
         logger.info("slot %s-%d: numerics class %s (probe digest %s)", self.spec.name, slot,

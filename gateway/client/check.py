@@ -1,7 +1,7 @@
 """``rmgate check``: replay requests against a live gateway and prove (or refute) that the
 answers are bitwise identical across orders, concurrency levels and deployments.
 
-What is compared is what the product promises: the answer's bits (``gateway.core.answers``:
+What is compared is what the product promises: the answer's bits (``gateway.core.api.answers``:
 scores, text, logprobs), the seed the request was given (``x-rmgate-seed``) and the numerics
 class that answered (``x-rmgate-class``, where both sides name one). The slot is not
 compared: under ``placement: class`` any slot of the key's class may answer, with the same
@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from gateway.core.answers import Answer, answer_of
+from gateway.core.api.answers import Answer, answer_of
 
 WORDS = ("the cat sat on a mat and 2+3=5 is right while 4+4=9 is wrong answer judge "
          "score reward yes no 7 12 ü ✓").split()
@@ -83,7 +83,7 @@ def load_calls(path: Path) -> list[Call]:
     return calls
 
 
-#: What must be bitwise equal: the one shared definition (``gateway.core.answers``), under
+#: What must be bitwise equal: the one shared definition (``gateway.core.api.answers``), under
 #: the name this module has always used. ``essence(path, body)`` is an ``Answer``.
 essence = answer_of
 

@@ -4,7 +4,7 @@ changed, by how much.
 After a vLLM upgrade, on other hardware, with another build of the model: each recorded
 canonical engine body is sent again (``x-rmgate-cache: off``, so the deployment computes
 it) and its answer compared bitwise with the recorded one, by the same definition every
-check here uses (``gateway.core.answers``). The report counts identical, changed and failed
+check here uses (``gateway.core.api.answers``). The report counts identical, changed and failed
 answers, the largest |diff|, and a histogram of the changes' magnitudes.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from gateway.client.check import Call, Result, RunVerdict, compare, essence, max_abs_diff
 from gateway.client.check import replay as send_all
-from gateway.core.ledger_row import LedgerRow
+from gateway.core.ledger_policy.row import LedgerRow
 
 #: Histogram bins of |diff| (upper bounds), the first for "changed in bits, not in value".
 BINS: tuple[tuple[str, float], ...] = (

@@ -1,6 +1,6 @@
 """verl drop-in: a ``compute_score`` for ``reward.custom_reward_function.path``.
 
-    reward.custom_reward_function.path=<site-packages>/gateway/integrations/verl.py
+    reward.custom_reward_function.path=<site-packages>/gateway/client/verl.py
     reward.custom_reward_function.name=compute_score          # or compute_score_async
     +reward.custom_reward_function.reward_kwargs.reward_router_address=127.0.0.1:8000
     +reward.custom_reward_function.reward_kwargs.model=rm     # a DisRM, a GRM judge or a program

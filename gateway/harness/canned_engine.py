@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.core.numerics import ModelClasses
-from gateway.core.transport import EngineReply, SlotInfo, SlotView
+from gateway.core.routing.numerics import ModelClasses
+from gateway.core.api.results import EngineReply
+from gateway.core.routing.engine_access import SlotInfo, SlotView
 
 CLASSIFY = json.dumps({"id": "classify-0", "object": "list", "created": 0, "model": "rm",
                        "data": [{"index": 0, "label": "LABEL_0", "probs": [0.4140625],

@@ -69,7 +69,7 @@ def engine_secret_headers(port: int | str) -> dict[str, str]:
     gateway can read it): for benchmarks and tests that reach an engine directly, around
     the gateway, as its anchor. Every engine rmgate starts refuses a caller without it."""
     from deployments.engine.guard import SECRET_ENV
-    from gateway.core.transport import engine_auth
+    from gateway.core.routing.engine_access import engine_auth
 
     environ = (Path("/proc") / str(engine_launcher_pid(port)) / "environ").read_bytes()
     prefix = SECRET_ENV.encode() + b"="

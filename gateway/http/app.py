@@ -1,4 +1,4 @@
-"""The HTTP surface: a FastAPI app over one ``RewardGateway``.
+"""The HTTP surface: a FastAPI app over one ``RewardService``.
 
 ``create_app(gateway)`` assembles the routers (engine-shaped, rewards, ops), the error
 handlers and auth; the gateway lives in ``app.state.gateway`` (no module globals). It works
@@ -14,16 +14,18 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import FastAPI
 
-from gateway.core.service import RewardGateway
+from gateway.core.service import RewardService
 from gateway.http.auth import KEY_PATH_PREFIX
 from gateway.http.errors import install_error_handlers
-from gateway.http.routers import engine, ops, rewards
+from gateway.http.hot_path import HotPath
 from gateway.http.routers import ledger as ledger_routes
+from gateway.http.routers import ops
+from gateway.http.routes import scoring_router
 
 VERSION = "0.1.0"
 
 
-def create_app(gateway: RewardGateway | None = None,
+def create_app(gateway: RewardService | None = None,
                background: Sequence[Callable[[], Awaitable[Any]]] = (),
                ledger: Any = None) -> FastAPI:
     """The ingress app; without ``gateway`` it answers 503 until one is installed.
@@ -49,8 +51,16 @@ def create_app(gateway: RewardGateway | None = None,
     install_error_handlers(app)
     # the API-key check only where a key is configured (a gateway installed later: always)
     auth = gateway is None or bool(gateway.api_keys)
-    for make in (engine.router, rewards.router, ledger_routes.router, ops.router):
+    for make in (scoring_router, ledger_routes.router, ops.router):
         app.include_router(make(auth))
         # the same routes under /keys/<key>/ (auth for clients that cannot send a header)
         app.include_router(make(auth), prefix=KEY_PATH_PREFIX, include_in_schema=False)
     return app
+
+
+def ingress_app(gateway: RewardService | None = None,
+                background: Sequence[Callable[[], Awaitable[Any]]] = (),
+                ledger: Any = None) -> HotPath:
+    """What an ingress replica serves: the app of ``create_app`` behind the scoring
+    endpoints' hot path (``gateway.http.hot_path``)."""
+    return HotPath(create_app(gateway, background, ledger))

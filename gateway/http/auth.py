@@ -1,31 +1,44 @@
-"""API-key auth as a FastAPI dependency (swap it in tests with ``app.dependency_overrides``).
+"""API keys: the one parser of a request's key, and the check both HTTP paths make.
 
 Keys come from the gateway's config (``gateway.api_keys_env`` / ``api_keys_file``); with
 none configured, auth is off. ``Authorization: Bearer <key>``, ``X-Api-Key: <key>``, or the
 key as the URL path prefix ``/keys/<key>/...`` for clients that cannot send headers;
-``/health`` and ``/metrics`` do not depend on it.
+``/health`` and ``/metrics`` do not depend on it. FastAPI's routes check it as a
+dependency (``require_api_key``); the hot path calls ``check_request`` itself.
 """
 
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from fastapi import Depends, Request, Security
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Depends, Request
 
-from gateway.core.errors import AuthenticationFailed, GatewayStarting
-from gateway.core.service import RewardGateway
+from gateway.core.api.errors import AuthenticationFailed, GatewayStarting
+from gateway.core.service import RewardService
 
-_bearer = HTTPBearer(auto_error=False, description="an rmgate API key")
-_api_key = APIKeyHeader(name="X-Api-Key", auto_error=False, description="an rmgate API key")
+#: Route prefix that carries the key in the URL path, for trainers whose reward clients
+#: cannot send a header (verl's and OpenRLHF's): ``http://host:port/keys/<key>/get_reward``.
+KEY_PATH_PREFIX = "/keys/{api_key}"
 
 
-def get_gateway(request: Request) -> RewardGateway:
+def get_gateway(request: Request) -> RewardService:
     """The core of the replica serving this app (``app.state.gateway``)."""
     gateway = getattr(request.app.state, "gateway", None)
     if gateway is None:
         raise GatewayStarting("the gateway is starting")
     return gateway
+
+
+def api_key_of(request: Request) -> str | None:
+    """The key a request carries: ``Authorization: Bearer <key>``, else ``X-Api-Key``,
+    else the ``/keys/<key>/`` path prefix (FastAPI's routes under it only)."""
+    value = request.headers.get("authorization")
+    if value:
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return request.headers.get("x-api-key") or request.path_params.get("api_key")
 
 
 def check_api_key(token: str | None, keys: frozenset[str]) -> None:
@@ -34,26 +47,25 @@ def check_api_key(token: str | None, keys: frozenset[str]) -> None:
         raise AuthenticationFailed()
 
 
-#: Route prefix that carries the key in the URL path, for trainers whose reward clients
-#: cannot send a header (verl's and OpenRLHF's): ``http://host:port/keys/<key>/get_reward``.
-KEY_PATH_PREFIX = "/keys/{api_key}"
+def check_request(request: Request) -> RewardService:
+    """The replica's service, once ``request`` carries one of its keys (if it has any)."""
+    gateway = get_gateway(request)
+    check_api_key(api_key_of(request), gateway.api_keys)
+    return gateway
 
 
-async def current_gateway(request: Request) -> RewardGateway:
+async def current_gateway(request: Request) -> RewardService:
     """``get_gateway`` as a dependency: async, so FastAPI calls it in the event loop instead
     of sending a sync function to its thread pool on every request."""
     return get_gateway(request)
 
 
-async def require_api_key(request: Request, gateway: RewardGateway = Depends(current_gateway),
-                          bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
-                          api_key: str | None = Security(_api_key)) -> None:
-    """The key from the header, else from the ``/keys/<key>/`` path prefix."""
-    token = bearer.credentials.strip() if bearer else api_key
-    check_api_key(token or request.path_params.get("api_key"), gateway.api_keys)
+async def require_api_key(request: Request) -> None:
+    """The API-key check as a FastAPI dependency."""
+    check_request(request)
 
 
-def auth_dependencies(enabled: bool) -> list:
+def auth_dependencies(enabled: bool) -> list[Any]:
     """The routes' dependencies: the API-key check, or none when no key is configured (the
     check would pass every request anyway; FastAPI's dependency solving costs about a fifth
     of the ingress's own work per request: ``benchmarks/ingress_cpu.py``)."""

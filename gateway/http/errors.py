@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.core.errors import (InternalError, InvalidSchema, MethodNotAllowed, RmgateError,
+from gateway.core.api.errors import (InternalError, InvalidSchema, MethodNotAllowed, RmgateError,
                                  RouteNotFound, validation_message)
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
@@ -56,6 +56,13 @@ def error_response(err: RmgateError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
 
 
+def unexpected_error(path: str, exc: Exception) -> JSONResponse:
+    """A failure no layer expected: logged with its traceback, answered as a 500 in the
+    same shape as every other error."""
+    logger.exception("unexpected error on %s", path, exc_info=exc)
+    return error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
 def _http_error(exc: StarletteHTTPException) -> RmgateError:
     detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
     if exc.status_code == 404:
@@ -92,5 +99,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover
-        logger.exception("unexpected error on %s", request.url.path)
-        return _answer(request, InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+        response = unexpected_error(request.url.path, exc)
+        route = request.scope.get("route")
+        if route is not None:
+            metrics.record_request("", getattr(route, "path", ""), response.status_code, None)
+        return response

@@ -14,7 +14,7 @@ max_tokens=<asked>-><sent>`` when a request asked for more tokens than the conte
 
 from __future__ import annotations
 
-from gateway.core.results import GatewayResult
+from gateway.core.api.results import GatewayResult
 
 TIMEOUT_HEADER = "x-rmgate-timeout"
 #: Sent by a client: ``off`` asks for an engine's answer; answered: hit, shared or miss.

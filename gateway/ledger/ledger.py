@@ -14,8 +14,8 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-from gateway.core.config import LedgerSettings
-from gateway.core.ledger_row import LedgerRow
+from gateway.core.config.settings import LedgerSettings
+from gateway.core.ledger_policy.row import LedgerRow
 from gateway.ledger.sql_store import SqlLedger
 from gateway.ledger.writer import LedgerWriter
 

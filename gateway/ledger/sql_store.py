@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from gateway.core.ledger_row import LedgerRow
+from gateway.core.ledger_policy.row import LedgerRow
 
 #: The schema this code reads and writes.
 SCHEMA_VERSION = 2

@@ -15,7 +15,7 @@ import logging
 from collections import Counter, deque
 from typing import Mapping, Protocol, Sequence
 
-from gateway.core.ledger_row import LedgerRow
+from gateway.core.ledger_policy.row import LedgerRow
 from gateway.observability import metrics
 
 logger = logging.getLogger("rmgate")

@@ -12,7 +12,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                ProcessCollector, generate_latest)
 
 if TYPE_CHECKING:
-    from gateway.core.results import GatewayResult, Route
+    from gateway.core.api.results import GatewayResult, Route
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)

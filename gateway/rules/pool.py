@@ -17,8 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from pebble import ProcessExpired, ProcessPool
 
-from gateway.core.errors import RuleCheckFailed
-from gateway.core.scorers.base import RuleCall
+from gateway.core.api.errors import RuleCheckFailed
+from gateway.core.scoring.base import RuleCall
 from gateway.rules.checks import run_check
 
 

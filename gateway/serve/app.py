@@ -18,13 +18,12 @@ from ray.serve import Application
 
 from deployments.engine.arg_names import check_engine_args
 from deployments.slot.replica import SlotReplica
-from gateway.core.config import MISSING_MODEL_HINT, AppConfig
-from gateway.core.errors import InvalidSlotCounts
-from gateway.core.service import RewardGateway
-from gateway.core.slots import SlotTable
-from gateway.http.app import create_app
+from gateway.core.config.settings import MISSING_MODEL_HINT, AppConfig
+from gateway.core.api.errors import InvalidSlotCounts
+from gateway.core.service import RewardService
+from gateway.core.routing.slots import SlotTable
+from gateway.http.app import ingress_app
 from gateway.http.direct_port import serve_direct_port
-from gateway.http.hot_path import HotPath
 from gateway.ledger.ledger import Ledger
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
@@ -67,7 +66,7 @@ class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
 @serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=8192,
                   ray_actor_options={"num_cpus": 0})
 @serve.ingress()
-class Gateway:
+class IngressReplica:
     """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot.
 
     The FastAPI app is built in the replica, after this constructor
@@ -92,21 +91,21 @@ class Gateway:
         if uses_rules(cfg):
             from gateway.rules.pool import RulePool  # pebble: only where a rule is served
             self.rules = RulePool(cfg.gateway.rule_workers)
-        self.gateway = RewardGateway(cfg, self.transport, self.slots, self.ledger, self.rules)
+        self.service = RewardService(cfg, self.transport, self.slots, self.ledger, self.rules)
 
     def __serve_build_asgi_app__(self) -> Any:
-        canary = Canary(self.gateway.config, self.transport, self.slots,
+        canary = Canary(self.service.config, self.transport, self.slots,
                         on_drift=self._forget_drifted)
         jobs = [canary.run, self._learn_classes, self._close_rules] + (
             [self.ledger.run] if self.ledger is not None else [])
-        settings = self.gateway.config.gateway
+        settings = self.service.config.gateway
         if settings.direct_port is not None:
             # the same app (built just below, before the lifespan starts its jobs) on the
             # replicas' own port (gateway.http.direct_port)
             jobs.append(lambda: serve_direct_port(app, settings.direct_host,
                                                   settings.direct_port, settings.max_body_bytes))
         # the scoring endpoints' POSTs go to their route functions in front of FastAPI
-        app = HotPath(create_app(self.gateway, background=jobs, ledger=self.ledger))
+        app = ingress_app(self.service, background=jobs, ledger=self.ledger)
         return app
 
     async def _learn_classes(self) -> None:
@@ -143,7 +142,7 @@ class Gateway:
         if not slots:
             return
         try:
-            self.gateway.set_slot_counts(dict(slots))
+            self.service.set_slot_counts(dict(slots))
         except InvalidSlotCounts as exc:
             logger.error("rmgate: user_config refused: %s", exc.message)
             raise ValueError(f"rmgate: {exc.message}") from None
@@ -167,7 +166,7 @@ def build_app(args: dict[str, Any]) -> Application:
         ]
         for m in cfg.models
     }
-    return Gateway.options(num_replicas=cfg.gateway.ingress_replicas).bind(cfg.model_dump(),
+    return IngressReplica.options(num_replicas=cfg.gateway.ingress_replicas).bind(cfg.model_dump(),
                                                                           handles)
 
 
@@ -176,7 +175,7 @@ def build_ingress(args: dict[str, Any]) -> Application:
     args = dict(args)
     prefix = str(args.pop(SLOT_PREFIX_ARG, ""))
     cfg = AppConfig.model_validate(args)
-    ingress = Gateway.options(num_replicas=cfg.gateway.ingress_replicas)
+    ingress = IngressReplica.options(num_replicas=cfg.gateway.ingress_replicas)
     if prefix:
         return ingress.bind(cfg.model_dump(), None, prefix)
     return ingress.bind(cfg.model_dump())

@@ -5,7 +5,7 @@ can change under a running gateway (a driver update, a replica restarted on othe
 hardware under the same name). The canary sends each slot the same probes the replica
 answered at start-up (``deployments.engine.selftest.probe_requests``), one at a time and
 through the slot's gate (a serialized engine stays serialized), and hashes the answers with
-the one definition (``gateway.core.numerics.probe_digest_of``). A slot whose digest differs
+the one definition (``gateway.core.routing.numerics.probe_digest_of``). A slot whose digest differs
 from the one it reported leaves its class: it gets a class of its own (``drift-<digest>``),
 so under ``class_policy: strict`` it is drained and its keys go to its class mates, with
 both digests in the log and the metric ``rmgate_canary_drift_total``. It is re-admitted
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from deployments.engine.selftest import probe_requests
-from gateway.core.answers import answer_of
-from gateway.core.config import AppConfig
-from gateway.core.deadline import Deadline
-from gateway.core.errors import RmgateError
-from gateway.core.keys import canonical_json
-from gateway.core.numerics import DRIFT_PREFIX, probe_digest_of
-from gateway.core.placement import Placement
-from gateway.core.slots import SlotTable
+from gateway.core.api.answers import answer_of
+from gateway.core.config.settings import AppConfig
+from gateway.core.routing.deadline import Deadline
+from gateway.core.api.errors import RmgateError
+from gateway.core.routing.keys import canonical_json
+from gateway.core.routing.numerics import DRIFT_PREFIX, probe_digest_of
+from gateway.core.routing.placement import Placement
+from gateway.core.routing.slots import SlotTable
 from gateway.observability import metrics
 from gateway.transport.directory import engine_of
 from gateway.transport.slot_transport import SlotTransport

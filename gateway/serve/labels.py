@@ -15,8 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import AppConfig
-from gateway.core.scorers.specs import ExpectedRatingSpec, JudgeProbSpec
+from gateway.core.config.settings import AppConfig
+from gateway.core.config.scoring import ExpectedRatingSpec, JudgeProbSpec
 
 
 @lru_cache(maxsize=None)

@@ -3,7 +3,7 @@
 Ray Serve versions every deployment of an application by a hash of the application's
 ``args`` (``deploy_utils.get_app_code_version``). With all slots in one application, any
 change of ``replicas`` would change that hash and restart every engine. So ``rmgate serve``
-expands the compact config (one application, ``gateway.app:build_app``) into:
+expands the compact config (one application, ``gateway.serve.app:build_app``) into:
 
 * ``rmgate``: the ingress (``gateway.serve.app:build_ingress``). Its ``args`` hold the models
   *without* their slot counts; the counts live in the ingress deployment's
@@ -21,19 +21,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway.core.config import AppConfig
+from gateway.core.config.settings import AppConfig
 
 INGRESS_APP = "rmgate"
 INGRESS_DEPLOYMENT = "gateway"
 INGRESS_IMPORT = "gateway.serve.app:build_ingress"
 SLOT_IMPORT = "deployments.slot.replica:build_slot"
 SLOT_DEPLOYMENT = "SlotReplica"
-#: What users write in compact configs (the public alias) and its canonical module.
-COMPACT_IMPORT = "gateway.app:build_app"
-COMPACT_IMPORTS = frozenset({COMPACT_IMPORT, "gateway.serve.app:build_app"})
-#: Import paths of earlier rendered configs (still deployed somewhere, still recognized).
-INGRESS_IMPORTS = frozenset({INGRESS_IMPORT, "gateway.app:build_ingress"})
-SLOT_IMPORTS = frozenset({SLOT_IMPORT, "deployments.replica:build_slot"})
+#: What users write in compact configs: one application that ``render`` expands.
+COMPACT_IMPORT = "gateway.serve.app:build_app"
 #: Ingress ``args`` key naming its slot applications' prefix (several gateways in one config).
 SLOT_PREFIX_ARG = "slot_app_prefix"
 
@@ -42,7 +38,7 @@ def missing_paths(serve_config: dict[str, Any]) -> list[str]:
     """The files the config's rmgate applications name that are not there (model folders,
     key files), resolved as ``render`` resolves them: relative to the current directory."""
     return [line for application in serve_config["applications"]
-            if application.get("import_path") in COMPACT_IMPORTS
+            if application.get("import_path") == COMPACT_IMPORT
             for line in AppConfig.model_validate(application.get("args") or {}).missing_paths()]
 
 
@@ -114,9 +110,9 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
 
     out = copy.deepcopy({k: v for k, v in serve_config.items() if k != "applications"})
     apps: list[dict[str, Any]] = []
-    compact = [a for a in serve_config["applications"] if a.get("import_path") in COMPACT_IMPORTS]
+    compact = [a for a in serve_config["applications"] if a.get("import_path") == COMPACT_IMPORT]
     for application in serve_config["applications"]:
-        if application.get("import_path") not in COMPACT_IMPORTS:
+        if application.get("import_path") != COMPACT_IMPORT:
             apps.append(copy.deepcopy(application))
             continue
         cfg = AppConfig.model_validate(application.get("args") or {})
@@ -145,7 +141,7 @@ def with_engines_on_node_addresses(rendered: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(rendered)
     direct: dict[str, bool] = {}  # slot application prefix -> does its ingress go direct?
     for app in out["applications"]:
-        if app.get("import_path") in INGRESS_IMPORTS:
+        if app.get("import_path") == INGRESS_IMPORT:
             args = app.get("args") or {}
             go_direct = (args.get("gateway") or {}).get("transport", "direct") == "direct"
             direct[str(args.get(SLOT_PREFIX_ARG, ""))] = go_direct
@@ -153,7 +149,7 @@ def with_engines_on_node_addresses(rendered: dict[str, Any]) -> dict[str, Any]:
                 for model in args.get("models", []):
                     model["engine_host"] = "node"
     for app in out["applications"]:
-        if app.get("import_path") in SLOT_IMPORTS:
+        if app.get("import_path") == SLOT_IMPORT:
             spec = app["args"]["spec"]
             prefix = app["name"][: -len(slot_app_name(spec["name"], app["args"]["slot"]))]
             if direct.get(prefix, True):
@@ -166,7 +162,7 @@ def with_direct_port(rendered: dict[str, Any], port: int, host: str) -> dict[str
     (``gateway.direct_port``; ``rmgate serve --direct-port``); one application only: two
     would share the port's connections between different apps."""
     out = copy.deepcopy(rendered)
-    ingresses = [a for a in out["applications"] if a.get("import_path") in INGRESS_IMPORTS]
+    ingresses = [a for a in out["applications"] if a.get("import_path") == INGRESS_IMPORT]
     if len(ingresses) != 1:
         raise ValueError(f"--direct-port needs exactly one rmgate application, not "
                          f"{len(ingresses)}")
@@ -206,7 +202,7 @@ def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _ingress(apps: list[dict[str, Any]]) -> dict[str, Any]:
-    found = [a for a in apps if a.get("import_path") in INGRESS_IMPORTS]
+    found = [a for a in apps if a.get("import_path") == INGRESS_IMPORT]
     if len(found) != 1:
         raise ValueError(f"expected one rmgate ingress application ({INGRESS_IMPORT}), "
                          f"found {len(found)}; was this deployment started by `rmgate serve` "
@@ -231,11 +227,11 @@ def with_slot_apps(apps: list[dict[str, Any]], model: str, n: int) -> list[dict[
     existing ones are kept byte for byte, so Serve leaves their engines alone."""
     apps = copy.deepcopy(apps)
     mine = {a["args"]["slot"]: a for a in apps
-            if a.get("import_path") in SLOT_IMPORTS and a["args"]["spec"]["name"] == model}
+            if a.get("import_path") == SLOT_IMPORT and a["args"]["spec"]["name"] == model}
     if not mine:
         raise ValueError(f"no slot application of model {model!r} is deployed")
     template = mine[min(mine)]
-    keep = [a for a in apps if not (a.get("import_path") in SLOT_IMPORTS
+    keep = [a for a in apps if not (a.get("import_path") == SLOT_IMPORT
                                     and a["args"]["spec"]["name"] == model
                                     and a["args"]["slot"] >= n)]
     added = [{**copy.deepcopy(template), "name": slot_app_name(model, i),

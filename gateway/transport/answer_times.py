@@ -6,7 +6,7 @@ just as a healthy one does, so by in-flight + queued it looks the same until its
 builds. Round-trip times show it at once. This is Finagle's peak EWMA: an exponentially
 weighted mean of the round trips of answered requests, raised to the age of the oldest
 request still in flight when that is larger (a stalled engine answers nothing, so its mean
-alone would not move). Mechanism only: placement (``gateway.core.placement``) decides.
+alone would not move). Mechanism only: placement (``gateway.core.routing.placement``) decides.
 """
 
 from __future__ import annotations

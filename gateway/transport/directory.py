@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping
 
-from gateway.core.slots import SlotTable
-from gateway.core.transport import EngineUnreachable, SlotInfo
+from gateway.core.routing.slots import SlotTable
+from gateway.core.routing.engine_access import EngineUnreachable, SlotInfo
 
 
 class SlotDirectory:

@@ -1,7 +1,7 @@
 """Engine clients: how the ingress posts a canonical body to a slot's engine.
 
 One client per transport kind, all raising rmgate's own ``EngineCallError``s
-(``gateway.core.transport``), mapped here, once, from the library below:
+(``gateway.core.routing.engine_access``), mapped here, once, from the library below:
 
 * ``Http1EngineClient`` (``transport: direct``, ``gateway.transport.http1_client``):
   straight to the vLLM server over loopback HTTP/1.1 with keep-alive connections. Not
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from gateway.core.transport import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
+from gateway.core.routing.engine_access import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
                                     SlotInfo)
 from gateway.transport.http1_client import CONNECT_TIMEOUT_S, Http1EngineClient
 

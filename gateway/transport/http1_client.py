@@ -9,7 +9,7 @@ machinery (a request and response object, a timer, a header multidict and a URL 
 call) is most of the client's cost; this client writes the request in one ``write`` and
 answers from the parser's callbacks.
 
-The contract is ``EngineClient``'s (``gateway.core.transport``), with its failures mapped
+The contract is ``EngineClient``'s (``gateway.core.routing.engine_access``), with its failures mapped
 here, once: nothing accepts the connection in ``CONNECT_TIMEOUT_S`` (or it is refused):
 ``EngineUnreachable``; no whole answer within the call's time: ``EngineNoAnswer``; the
 connection closed or answered something that is not HTTP: ``EngineConnectionLost``. A call
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.core.transport import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
+from gateway.core.routing.engine_access import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
                                     SlotInfo)
 
 CONNECT_TIMEOUT_S = 5.0

@@ -22,20 +22,21 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from gateway.core.config import GatewaySettings
-from gateway.core.deadline import Deadline
-from gateway.core.numerics import ModelClasses
-from gateway.core.errors import EngineFailed, SlotClassChanged, SlotRemoved, SlotUnavailable
-from gateway.core.placement import Placement, takes_waiter
-from gateway.core.retry import Decision, RetryConfig, RetryState
-from gateway.core.slots import SlotTable
-from gateway.core.transport import (EngineClient, EngineConnectionLost, EngineNoAnswer,
-                                    EngineReply, EngineUnreachable, SlotInfo, SlotView)
+from gateway.core.config.settings import GatewaySettings
+from gateway.core.routing.deadline import Deadline
+from gateway.core.routing.numerics import ModelClasses
+from gateway.core.api.errors import EngineFailed, SlotClassChanged, SlotRemoved, SlotUnavailable
+from gateway.core.routing.class_queue import admit_in_class
+from gateway.core.routing.placement import Placement
+from gateway.core.routing.retry import Decision, RetryConfig, RetryState
+from gateway.core.routing.slots import SlotTable
+from gateway.core.api.results import EngineReply
+from gateway.core.routing.engine_access import EngineClient, EngineConnectionLost, EngineNoAnswer, EngineUnreachable, SlotInfo, SlotView
 from gateway.observability import metrics
 from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import HandleEngineClient, Http1EngineClient
-from gateway.transport.gate import SlotGate, acquire_first
+from gateway.core.routing.gate import SlotGate
 
 logger = logging.getLogger("rmgate")
 
@@ -154,7 +155,11 @@ class SlotTransport:
         candidates = placement.candidates
         admitted: SlotGate | None = None
         if placement.within_class and len(candidates) > 1 and self.settings.class_queue:
-            admitted, candidates = await self._admit_in_class(model, placement, deadline)
+            members = self._class_mates(model, placement)
+            weighed = self.settings.load_weight == "answer_time"
+            admitted, candidates = await admit_in_class(
+                placement, members, deadline,
+                self._service_s(model, [s for s, _ in members]) if weighed else None, model)
         # placed on another mate by the class queue: for load (its own slot: drained, if so)
         reason = None if candidates[0][0] == placement.first else (
             "drained" if placement.reason == "drained" else "load")
@@ -185,42 +190,17 @@ class SlotTransport:
             return dataclasses.replace(reply, reason=reason) if n == 0 and reason else reply
         raise AssertionError("a placement has at least one candidate")  # pragma: no cover
 
-    async def _admit_in_class(self, model: str, placement: Placement, deadline: Deadline
-                              ) -> tuple[SlotGate | None, tuple[tuple[int, float], ...]]:
-        """The class queue: a place in the first of the placement's class mates to have
-        room (in the placement's order), and the candidates with that slot first. Only
-        mates that are reachable as far as the transport knows (their engine's address is
-        cached) and still of the placement's class wait; the others are left to the walk."""
+    def _class_mates(self, model: str, placement: Placement) -> list[tuple[int, SlotGate]]:
+        """The placement's class mates that can wait for a place now: reachable as far as
+        the transport knows (their engine's address is cached) and still of the
+        placement's class; the others are left to the walk."""
         members: list[tuple[int, SlotGate]] = []
         for slot, _ in placement.candidates:
             info = self.directory.cached(model, slot)
             if info is not None and \
                     self.directory.known_class(model, slot) == placement.numerics_class:
                 members.append((slot, self.gate(info)))
-        if len(members) < 2:
-            return None, placement.candidates
-        gates = [g for _, g in members]
-        slots = [s for s, _ in members]
-
-        def accepts(i: int) -> bool:  # placement's weighed rule, on the loads of now
-            return takes_waiter(slots[i], {s: g.inflight for s, g in members},
-                                sum(g.queued for g in gates), self._service_s(model, slots))
-
-        # Counted by requests the rule always lets a free place take a waiter (a property
-        # test): nothing to ask on the hot path then.
-        weighed = self.settings.load_weight == "answer_time"
-        wait = deadline.left_or_raise(f"placing it in {model}'s class queue")
-        try:
-            index = await acquire_first(gates, accepts if weighed else None, wait)
-        except TimeoutError:
-            raise deadline.exceeded(f"waiting in {model}'s class queue {slots}") from None
-        chosen, gate = members[index]
-        if chosen == placement.first:
-            return gate, placement.candidates
-        rest = [s for s, _ in placement.candidates if s != chosen]
-        waits = [0.0] * len(rest)
-        waits[-1] = placement.candidates[-1][1]
-        return gate, ((chosen, 0.0), *zip(rest, waits))
+        return members
 
     async def _post_slot(self, model: str, slot: int, path: str, body: bytes, wait_s: float,
                          deadline: Deadline, expected_class: str | None = None, *,

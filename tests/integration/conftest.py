@@ -180,7 +180,7 @@ def plain_wide_disrm(demo_models: Path, name: str):
     (vLLM's defaults: batching), the negative controls' engine; the caller stops it."""
     from deployments.engine.args import Platform, plan_engine
     from deployments.engine.process import EngineProcess, free_port as engine_port
-    from gateway.core.config import ModelSpec
+    from gateway.core.config.settings import ModelSpec
 
     spec = ModelSpec(name="rm-large", kind="discriminative",
                      model_path=str(demo_models / "disrm-large"), determinism="off",

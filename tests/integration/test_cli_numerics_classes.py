@@ -37,11 +37,11 @@ import pytest
 import yaml
 
 from gateway.client.check import disrm_calls, grm_calls
-from gateway.core.answers import answer_of
+from gateway.core.api.answers import answer_of
 from gateway.harness.processes import engine_launcher_pid, engine_secret_headers
 from gateway.harness.running import dashboard_address, metric_total, running_gateway
 from gateway.harness.slowdowns import duty_cycled
-from gateway.core.hashing import slot_for_key
+from gateway.core.routing.hashing import slot_for_key
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def config(models_dir: Path) -> dict:
     common = {"replicas": 2, "determinism": "auto", "engine_args": ENGINE,
               "cpu_cores_per_slot": 1}
     return {"applications": [{"name": "rmgate", "route_prefix": "/",
-                              "import_path": "gateway.app:build_app", "args": {
+                              "import_path": "gateway.serve.app:build_app", "args": {
         # cache off: these tests watch which slot computes each (repeated) request
         "gateway": {"placement": "class", "load_bound": 1.0, "slot_wait_s": 180,
                     "canary_interval_s": CANARY_S, "cache": "off"},

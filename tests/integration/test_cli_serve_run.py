@@ -47,7 +47,7 @@ def serve_run(demo_models, tmp_path_factory):
     config = {
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{
-            "name": "rmgate", "route_prefix": "/", "import_path": "gateway.app:build_app",
+            "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
             "args": {"models": [{"name": "rm", "kind": "discriminative",
                                  "model_path": str(demo_models / "disrm"), "replicas": 2,
                                  "engine_args": {"dtype": "float32", "max_model_len": 512,

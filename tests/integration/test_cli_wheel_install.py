@@ -302,7 +302,7 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
         names = zf.namelist()
         shipped = zf.read("gateway/serve/data/demo-cpu.yaml")
     assert shipped == (REPO / "configs" / "demo-cpu.yaml").read_bytes()  # content, not a link
-    assert "gateway/cli.py" in names and "deployments/demo/models.py" in names
+    assert "gateway/cli/main.py" in names and "deployments/demo/models.py" in names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "configs/"))]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
@@ -319,13 +319,13 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
     assert where[2] is False
     assert where[3] == str(tmp_path / "home" / ".cache" / "rmgate")
     # The other two places the demo models can go, in order of precedence.
-    root = "import gateway.cli as c; print(c.demo_root())"
+    root = "import gateway.cli.main as c; print(c.demo_root())"
     assert venv_python(venv, root, empty, HOME=str(tmp_path / "home"),
                        XDG_CACHE_HOME=str(tmp_path / "xdg")) == str(tmp_path / "xdg" / "rmgate")
     assert venv_python(venv, root, empty, XDG_CACHE_HOME=str(tmp_path / "xdg"),
                        RMGATE_HOME=str(tmp_path / "mine")) == str(tmp_path / "mine")
     # The packaged config is the one `rmgate demo` serves, and it is a regular file.
-    config = venv_python(venv, ("import gateway.cli as c\nwith c.demo_config() as p: print(p)"),
+    config = venv_python(venv, ("import gateway.cli.main as c\nwith c.demo_config() as p: print(p)"),
                          empty)
     assert Path(config).is_relative_to(site) and not Path(config).is_symlink(), config
     assert Path(config).read_bytes() == shipped
@@ -509,7 +509,7 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     import signal
     import sqlite3
 
-    from gateway.core.answers import answer_of
+    from gateway.core.api.answers import answer_of
 
     db = demo.home / ".local" / "state" / "rmgate" / "ledger.sqlite3"
     judge = [{"model": "judge", "max_tokens": 6, "messages": [

@@ -16,8 +16,8 @@ from openai.types.chat import ChatCompletion
 from deployments.demo.training import sum_items
 from gateway.client import RewardClient
 from gateway.harness.processes import engine_launcher_pid
-from gateway.core.hashing import slot_for_key
-from gateway.core.keys import request_key
+from gateway.core.routing.hashing import slot_for_key
+from gateway.core.routing.keys import request_key
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.core.answers import answer_value
+from gateway.core.api.answers import answer_value
 from gateway.harness.running import metric_total
 from tests.integration.stalls import (engine_metric, engine_port,
                                       long_judge_request_then_leave, until_quiet)
@@ -32,7 +32,7 @@ def test_the_direct_port_answers_what_serves_port_answers(gateway, gateway_direc
     via_serve = httpx.post(url + path, json=body, timeout=120)
     direct = httpx.post(gateway_direct_url + path, json=body, timeout=120)
     assert via_serve.status_code == direct.status_code == 200, (via_serve.text, direct.text)
-    # the answer's bits (gateway.core.answers: vLLM's own ids and clocks are not compared)
+    # the answer's bits (gateway.core.api.answers: vLLM's own ids and clocks are not compared)
     assert answer_value(path, direct.json()) == answer_value(path, via_serve.json())
     same = {k: v for k, v in via_serve.headers.items() if k.startswith("x-rmgate")
             and k not in ("x-rmgate-receipt", "x-rmgate-cache")}

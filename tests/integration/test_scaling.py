@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gateway.harness.running import dashboard_address, metric_total
-from gateway.core.hashing import slot_for_key
+from gateway.core.routing.hashing import slot_for_key
 from tests.integration.conftest import REPO, TEST_CONFIG
 
 pytestmark = pytest.mark.integration

@@ -7,12 +7,12 @@ import copy
 
 import pytest
 
-from gateway.core.config import AppConfig
+from gateway.core.config.settings import AppConfig
 from gateway.serve import topology
 from gateway.serve.admin import ServeAdmin
 
 COMPACT = {"applications": [{"name": "rmgate", "route_prefix": "/",
-                             "import_path": "gateway.app:build_app", "args": {"models": [
+                             "import_path": "gateway.serve.app:build_app", "args": {"models": [
     {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
     {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2}]}}]}
 

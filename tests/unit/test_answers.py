@@ -1,4 +1,4 @@
-"""One definition of "the same answer" (gateway.core.answers), and every place that uses it."""
+"""One definition of "the same answer" (gateway.core.api.answers), and every place that uses it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.core import answers
-from gateway.core.answers import Answer, answer_of, same_answer
+from gateway.core.api import answers
+from gateway.core.api.answers import Answer, answer_of, same_answer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,14 @@ import json
 import httpx
 import pytest
 
-from gateway.core.config import AppConfig
-from gateway.core.deadline import Deadline
-from gateway.core.identity import reward_identity
-from gateway.core.keys import canonical_json
-from gateway.core.numerics import ModelClasses
-from gateway.core.service import RewardGateway
-from gateway.core.transport import EngineReply, SlotInfo, SlotView
+from gateway.core.config.settings import AppConfig
+from gateway.core.routing.deadline import Deadline
+from gateway.core.ledger_policy.identity import reward_identity
+from gateway.core.routing.keys import canonical_json
+from gateway.core.routing.numerics import ModelClasses
+from gateway.core.service import RewardService
+from gateway.core.api.results import EngineReply
+from gateway.core.routing.engine_access import SlotInfo, SlotView
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
 from gateway.ledger.sqlite_store import SqliteLedger
@@ -86,7 +87,7 @@ async def setup(store):
     engines = CountingEngines()
     ledger = Ledger(store, LedgerWriter(store, flush_interval_s=0.01), recent=1000)
     ledger.writer.start()
-    gw = RewardGateway(AppConfig.model_validate(CONFIG), engines, ledger=ledger)
+    gw = RewardService(AppConfig.model_validate(CONFIG), engines, ledger=ledger)
     app = create_app(gw, ledger=ledger)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://gw") as client:
@@ -250,7 +251,7 @@ async def test_a_hit_returns_the_first_recorded_bytes_whatever_was_computed_sinc
     ("opt_in", None, False), ("opt_in", True, True), ("opt_in", False, False),
     ("off", None, False), ("off", True, False), ("off", False, False)])
 def test_who_decides_whether_the_cache_answers(setting, asked, allowed):
-    from gateway.core.reuse import cache_decision
+    from gateway.core.ledger_policy.reuse import cache_decision
     assert cache_decision(setting, asked) is allowed
 
 
@@ -258,7 +259,7 @@ async def test_opt_in_answers_from_the_ledger_only_those_who_ask(store):
     engines = CountingEngines()
     ledger = Ledger(store, LedgerWriter(store, flush_interval_s=0.01), recent=1000)
     config = {**CONFIG, "gateway": {**CONFIG["gateway"], "cache": "opt_in"}}
-    gw = RewardGateway(AppConfig.model_validate(config), engines, ledger=ledger)
+    gw = RewardService(AppConfig.model_validate(config), engines, ledger=ledger)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
                                  base_url="http://gw") as client:
         body = {"model": "rm", "input": "opt in"}

@@ -7,9 +7,9 @@ import json
 
 import httpx
 
-from gateway.core.config import AppConfig, GatewaySettings
-from gateway.core.placement import place_in_class
-from gateway.core.slots import SlotTable
+from gateway.core.config.settings import AppConfig, GatewaySettings
+from gateway.core.routing.placement import place_in_class
+from gateway.core.routing.slots import SlotTable
 from gateway.serve.canary import Canary
 from gateway.transport.engine_client import HttpxEngineClient
 from gateway.transport.slot_transport import SlotTransport

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from gateway.core.chat_text import prompt_text, response_text, strip_special_tokens
+from gateway.core.scoring.chat_text import prompt_text, response_text, strip_special_tokens
 
 CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=<|im_end|>\n" \
     "<|im_start|>assistant\n"

@@ -1,5 +1,5 @@
 """The class queue: a request any class mate may answer waits at all their gates at once and
-goes to the first that frees a place (``gateway.transport.gate.acquire_first``), its own
+goes to the first that frees a place (``gateway.core.routing.gate.acquire_first``), its own
 slot preferred; against a stalled slot and a free mate, with the negative control (the same
 scenario with ``class_queue: false`` queues behind the stalled slot)."""
 
@@ -10,10 +10,10 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.core.errors import QueueFull
-from gateway.core.placement import Placement
+from gateway.core.api.errors import QueueFull
+from gateway.core.routing.placement import Placement
 from gateway.transport.engine_client import HttpxEngineClient
-from gateway.transport.gate import SlotGate, acquire_first
+from gateway.core.routing.gate import SlotGate, acquire_first
 from tests.unit.test_routing import transport, within
 
 
@@ -183,7 +183,7 @@ async def test_a_class_holds_the_sum_of_its_waiting_rooms_each_waiter_counted_on
 async def test_a_place_the_class_queue_took_is_given_back_when_the_slot_cannot_answer(change):
     """Admitted by slot 1's gate, slot 1 then turns out to be of another class, scaled away
     or dead: its place is released (no leak) and the request ends as that case says."""
-    from gateway.core.errors import SlotClassChanged, SlotRemoved, SlotUnavailable
+    from gateway.core.api.errors import SlotClassChanged, SlotRemoved, SlotUnavailable
 
     t, release = _stalled_and_free()
     await _describe(t)
@@ -251,7 +251,7 @@ async def test_a_plain_waiter_behind_refused_class_waiters_is_not_stranded():
     """More refused class waiters than one wake looks at (``SCAN_LIMIT``) sit in front of a
     request pinned to the slow gate while it has a free place: it is let in at once, and
     the class waiters leave for the fast gate as it frees places."""
-    from gateway.transport.gate import SCAN_LIMIT
+    from gateway.core.routing.gate import SCAN_LIMIT
 
     fast, slow = SlotGate(1, 100), SlotGate(1, 100)
     await fast.acquire()

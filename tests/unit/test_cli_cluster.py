@@ -10,10 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gateway.cli import app
+from gateway.cli.main import app
 
 COMPACT = {"applications": [{"name": "rmgate", "route_prefix": "/",
-                             "import_path": "gateway.app:build_app", "args": {"models": [
+                             "import_path": "gateway.serve.app:build_app", "args": {"models": [
     {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 1}]}}]}
 
 

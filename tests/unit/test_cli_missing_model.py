@@ -38,7 +38,7 @@ def test_the_shipped_demo_config_without_its_models_is_refused_in_seconds(tmp_pa
 
 def test_a_folder_without_config_json_and_a_missing_key_file_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
-    cfg = {"applications": [{"name": "rmgate", "import_path": "gateway.app:build_app", "args": {
+    cfg = {"applications": [{"name": "rmgate", "import_path": "gateway.serve.app:build_app", "args": {
         "gateway": {"api_keys_file": str(tmp_path / "keys.txt")},
         "models": [{"name": "rm", "kind": "discriminative", "model_path": "empty"}]}}]}
     from gateway.serve.topology import missing_paths

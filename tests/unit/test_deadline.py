@@ -12,13 +12,13 @@ import time
 import httpx
 import pytest
 
-from gateway.core.concurrency import all_or_cancel
-from gateway.core.config import AppConfig
-from gateway.core.deadline import GUARD_MARGIN_S, Deadline
-from gateway.core.errors import DeadlineExceeded, EngineRejected
-from gateway.core.placement import Placement
-from gateway.core.service import RewardGateway
-from gateway.core.slots import SlotTable
+from gateway.core.routing.concurrency import all_or_cancel
+from gateway.core.config.settings import AppConfig
+from gateway.core.routing.deadline import GUARD_MARGIN_S, Deadline
+from gateway.core.api.errors import DeadlineExceeded, EngineRejected
+from gateway.core.routing.placement import Placement
+from gateway.core.service import RewardService
+from gateway.core.routing.slots import SlotTable
 from gateway.observability import metrics
 from tests.unit.test_routing import FakeClock, FakeHandle, transport
 
@@ -30,13 +30,13 @@ pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the 
 
 
 def gateway_over(handler, *, mode: str = "serialize", max_inflight: int = 1):
-    """A ``RewardGateway`` whose one slot's engine is ``handler``."""
+    """A ``RewardService`` whose one slot's engine is ``handler``."""
     cfg = AppConfig.model_validate(CONFIG)
     t, _ = transport(hosts=("engine",), handler=handler)
     t.directory.handles["m"] = []  # unused: the gateway's model is "rm"
     t.directory.handles["rm"] = [FakeHandle("http://engine", max_inflight, mode)]
     t.slots = t.directory.slots = SlotTable({"rm": 1})
-    return RewardGateway(cfg, t, t.slots), t
+    return RewardService(cfg, t, t.slots), t
 
 
 def aborted(reason: str) -> float:
@@ -55,7 +55,7 @@ async def test_requests_behind_a_stalled_engine_all_end_at_their_deadline():
     before = aborted("cancelled")
     start = time.monotonic()
     results = await asyncio.gather(
-        *(gw.pool("/classify", json.dumps({"input": f"x{i}"}).encode(), gw.deadline(0.3))
+        *(gw.classify(json.dumps({"input": f"x{i}"}).encode(), gw.deadline(0.3))
           for i in range(4)), return_exceptions=True)
     took = time.monotonic() - start
     assert all(isinstance(r, DeadlineExceeded) and r.status == 504 for r in results), results
@@ -98,7 +98,7 @@ async def test_one_failed_item_cancels_its_siblings_and_their_engine_requests():
     before = aborted("cancelled")
     start = time.monotonic()
     with pytest.raises(EngineRejected) as err:
-        await gw.pool("/classify", json.dumps({"input": ["a", "b", "bad", "c"]}).encode(),
+        await gw.classify(json.dumps({"input": ["a", "b", "bad", "c"]}).encode(),
                       gw.deadline(30))
     assert time.monotonic() - start < 2 and "too long" in err.value.message
     assert sorted(cancelled) == ["a", "b", "c"]

@@ -19,7 +19,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from gateway.cli import app
+from gateway.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile.cpu", "gpu": ROOT / "docker" / "Dockerfile.gpu"}
@@ -153,7 +153,7 @@ def test_entrypoint_and_cmd_are_the_rmgate_cli(image):
     entrypoint = json_array(values(ins, "ENTRYPOINT")[-1])
     cmd = json_array(values(ins, "CMD")[-1])
     assert entrypoint == ["rmgate"]
-    assert pyproject()["project"]["scripts"]["rmgate"] == "gateway.cli:main"
+    assert pyproject()["project"]["scripts"]["rmgate"] == "gateway.cli.main:main"
     result = CliRunner().invoke(app, [cmd[0], "--help"])
     assert result.exit_code == 0, result.output
     command = typer.main.get_command(app).commands[cmd[0]]

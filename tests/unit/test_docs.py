@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gateway.cli import app
-from gateway.core.config_reference import render, undocumented
+from gateway.cli.main import app
+from gateway.core.config.reference import render, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -41,7 +41,7 @@ def test_the_site_builds_strictly(tmp_path):
 
 
 def test_the_configuration_reference_is_current():
-    """Regenerate with `python -m gateway.core.config_reference > docs/configuration.md`."""
+    """Regenerate with `python -m gateway.core.config.reference > docs/configuration.md`."""
     assert undocumented() == [], "every config field needs Field(description=...)"
     assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == render()
 

@@ -22,7 +22,7 @@ from deployments.engine import arg_names
 from deployments.engine.arg_names import (EngineArgumentError, UnknownEngineArgument,
                                           check_engine_args, known_engine_arg_names)
 from deployments.engine.args import Platform, PolicyError, plan_engine
-from gateway.core.config import OWNED_ENGINE_ARGS, AppConfig, ModelSpec
+from gateway.core.config.settings import OWNED_ENGINE_ARGS, AppConfig, ModelSpec
 from gateway.serve import topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def _shipped_models() -> Iterator[tuple[str, dict[str, Any]]]:
                 for d in ("cpu", "cuda")]
     for where, cfg in configs:
         for application in cfg["applications"]:
-            if application.get("import_path") in topology.COMPACT_IMPORTS:
+            if application.get("import_path") in {topology.COMPACT_IMPORT}:
                 for model in application["args"]["models"]:
                     yield where, model
 
@@ -178,7 +178,7 @@ def test_render_refuses_a_typo_before_anything_starts(monkeypatch: pytest.Monkey
 def test_rmgate_render_cli_refuses_a_typo(tmp_path: Path):
     from typer.testing import CliRunner
 
-    from gateway.cli import app
+    from gateway.cli.main import app
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(compact({"max_model_length": 512})))
@@ -193,7 +193,7 @@ def test_rmgate_serve_refuses_a_typo_before_ray_starts(tmp_path: Path,
     import ray
     from typer.testing import CliRunner
 
-    from gateway.cli import app
+    from gateway.cli.main import app
 
     def no_ray(*a, **k):
         raise AssertionError("ray.init must not be reached with a bad config")

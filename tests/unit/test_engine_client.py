@@ -11,7 +11,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from gateway.core.transport import (EngineCallError, EngineConnectionLost, EngineNoAnswer,
+from gateway.core.routing.engine_access import (EngineCallError, EngineConnectionLost, EngineNoAnswer,
                                     EngineUnreachable, SlotInfo)
 from gateway.transport.engine_client import Http1EngineClient, HandleEngineClient
 

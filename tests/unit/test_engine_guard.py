@@ -45,8 +45,8 @@ def test_no_secret_refuses_to_start(monkeypatch):
 
 def test_a_node_engine_plan_carries_the_guard_and_its_secret_only_in_the_environment():
     from deployments.engine.args import ENGINE_GUARD, Platform, engine_headers, plan_engine
-    from gateway.core.config import ModelSpec
-    from gateway.core.transport import SlotInfo
+    from gateway.core.config.settings import ModelSpec
+    from gateway.core.routing.engine_access import SlotInfo
 
     spec = ModelSpec(name="rm", kind="discriminative", model_path="/m", engine_host="node")
     plan = plan_engine(spec, Platform("cpu", "cpu"), port=9, host="10.0.0.7", secret="xyz")
@@ -62,7 +62,7 @@ def test_a_node_engine_plan_carries_the_guard_and_its_secret_only_in_the_environ
 
 
 def test_per_slot_actor_options_place_each_slot_by_its_index():
-    from gateway.core.config import ModelSpec
+    from gateway.core.config.settings import ModelSpec
 
     spec = ModelSpec(name="rm", kind="discriminative", model_path="/m",
                      ray_actor_options={"num_cpus": 1, "resources": {"rmgate": 0.01}},

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.gpu import bench_paths as bp
 from benchmarks.gpu import loadgen, models_gpu, wheel_list
-from gateway.core.config import AppConfig
+from gateway.core.config.settings import AppConfig
 
 
 def built(layout: bp.Layout) -> dict:

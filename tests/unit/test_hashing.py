@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from gateway.core.hashing import jump_hash, slot_for_key
+from gateway.core.routing.hashing import jump_hash, slot_for_key
 
 RNG = random.Random(1234)
 SAMPLE = [RNG.getrandbits(32) for _ in range(100_000)]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.core.config import AppConfig
-from gateway.core.service import RewardGateway
+from gateway.core.config.settings import AppConfig
+from gateway.core.service import RewardService
 from gateway.http.app import create_app
 from gateway.http.hot_path import HotPath, hot_routes
 from tests.unit.test_ingress import CONFIG, FakeTransport
@@ -18,7 +18,7 @@ def clients(**gateway_settings) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
     """(through FastAPI alone, through the hot path) over one gateway."""
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {**CONFIG["gateway"],
                                                           **gateway_settings}})
-    app = create_app(RewardGateway(cfg, FakeTransport()))
+    app = create_app(RewardService(cfg, FakeTransport()))
     return (httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw"),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=HotPath(app)),
                               base_url="http://gw"))
@@ -82,7 +82,7 @@ async def test_everything_else_goes_to_fastapi():
 
 
 def test_every_scoring_endpoint_of_the_app_is_on_the_hot_path():
-    app = create_app(RewardGateway(AppConfig.model_validate(CONFIG), FakeTransport()))
+    app = create_app(RewardService(AppConfig.model_validate(CONFIG), FakeTransport()))
     posts = {r.path for r in app.routes if "POST" in getattr(r, "methods", ())
              and not r.path.startswith("/keys/") and not r.path.startswith("/v1/ledger")}
     assert posts - {"/admin/slots"} <= set(hot_routes()) | {

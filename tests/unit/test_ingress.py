@@ -7,14 +7,15 @@ import json
 import httpx
 import pytest
 
-from gateway.core.deadline import Deadline
-from gateway.core.config import AppConfig
-from gateway.core.hashing import slot_for_key
+from gateway.core.routing.deadline import Deadline
+from gateway.core.config.settings import AppConfig
+from gateway.core.routing.hashing import slot_for_key
 from gateway.http.app import create_app
-from gateway.core.keys import derive_seed, request_key
-from gateway.core.numerics import ModelClasses
-from gateway.core.transport import EngineReply, SlotInfo, SlotView
-from gateway.core.service import RewardGateway
+from gateway.core.routing.keys import derive_seed, request_key
+from gateway.core.routing.numerics import ModelClasses
+from gateway.core.api.results import EngineReply
+from gateway.core.routing.engine_access import SlotInfo, SlotView
+from gateway.core.service import RewardService
 
 CONFIG = {
     "models": [
@@ -74,7 +75,7 @@ def transport() -> FakeTransport:
 
 @pytest.fixture
 async def client(transport):
-    gw = RewardGateway(AppConfig.model_validate(CONFIG), transport)
+    gw = RewardService(AppConfig.model_validate(CONFIG), transport)
     app = create_app(gw)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://gw") as c:
@@ -268,7 +269,7 @@ class BusyTransport(FakeTransport):
 
 async def test_class_placement_moves_a_busy_slots_key_and_says_so():
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {"placement": "class"}})
-    gw = RewardGateway(cfg, BusyTransport())
+    gw = RewardService(cfg, BusyTransport())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
                                  base_url="http://gw") as c:
         moved = stayed = 0

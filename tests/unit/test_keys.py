@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from gateway.core.hashing import slot_for_key
-from gateway.core.keys import IGNORED_FIELDS, canonical_json, derive_seed, key_hex, request_key
+from gateway.core.routing.hashing import slot_for_key
+from gateway.core.api.results import key_hex
+from gateway.core.routing.keys import IGNORED_FIELDS, canonical_json, derive_seed, request_key
 
 BODY = {"model": "judge", "messages": [{"role": "user", "content": "Is 2+3=5? ✓ ü"}],
         "temperature": 1.0, "max_tokens": 8}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.cli import load_serve_config, render
+from gateway.cli.config_file import load_serve_config, render
 from gateway.serve import kuberay, topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_its_serve_config_is_rmgate_renders_with_cluster_http_options():
     rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
     assert serve["applications"] == \
         topology.with_engines_on_node_addresses(rendered)["applications"]
-    slots = [a for a in serve["applications"] if a["import_path"] in topology.SLOT_IMPORTS]
+    slots = [a for a in serve["applications"] if a["import_path"] in {topology.SLOT_IMPORT}]
     assert slots and all(a["args"]["spec"]["engine_host"] == "node" for a in slots)
     assert serve["http_options"] == {"host": "0.0.0.0", "port": 8000}
     assert serve["proxy_location"] == "EveryNode"  # a trainer may point at any node
@@ -77,7 +77,7 @@ def test_images_ports_probes_and_versions_agree_with_docker_and_pyproject():
 def test_render_cluster_is_the_serve_deploy_config_of_a_multi_node_cluster(tmp_path: Path):
     from typer.testing import CliRunner
 
-    from gateway.cli import app
+    from gateway.cli.main import app
 
     out = tmp_path / "cluster.yaml"
     result = CliRunner().invoke(app, ["render", str(ROOT / "configs" / "gpu.yaml"),

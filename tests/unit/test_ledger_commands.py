@@ -11,8 +11,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from gateway.cli import app
-from gateway.core.ledger_row import LedgerRow
+from gateway.cli.main import app
+from gateway.core.ledger_policy.row import LedgerRow
 from gateway.ledger.ledger import Ledger
 from gateway.ledger.sql_store import LedgerTooNew
 from gateway.ledger.sqlite_store import SqliteLedger

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.identity import reward_identity
-from gateway.core.ledger_row import LedgerRow
+from gateway.core.ledger_policy.identity import reward_identity
+from gateway.core.ledger_policy.row import LedgerRow
 from gateway.ledger.sqlite_store import SCHEMA_VERSION, LedgerTooNew, SqliteLedger
 from gateway.ledger.writer import LedgerWriter
 

@@ -8,7 +8,7 @@ import httpx
 
 from deployments.engine.args import Platform, plan_engine
 from deployments.engine.numerics import omp_threads, probe_digest, slot_identity, slot_numerics
-from gateway.core.config import ModelSpec
+from gateway.core.config.settings import ModelSpec
 
 CPU = Platform("cpu", "cpu")
 

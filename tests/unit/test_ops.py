@@ -10,18 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.config import AppConfig
+from gateway.core.config.settings import AppConfig
 from gateway.http.app import create_app
-from gateway.core.numerics import ModelClasses
-from gateway.core.transport import EngineReply, SlotView
-from gateway.core.service import RewardGateway
+from gateway.core.routing.numerics import ModelClasses
+from gateway.core.api.results import EngineReply
+from gateway.core.routing.engine_access import SlotView
+from gateway.core.service import RewardService
 from tests.unit.test_ingress import CONFIG, FakeTransport
 
 
 def make_client(transport=None, **gateway_settings) -> httpx.AsyncClient:
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {**CONFIG["gateway"],
                                                           **gateway_settings}})
-    gw = RewardGateway(cfg, transport or FakeTransport())
+    gw = RewardService(cfg, transport or FakeTransport())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
                              base_url="http://gw")
 
@@ -141,7 +142,7 @@ def _fuzz_app():
     was most of this test's time (4 min of CI's suite at 2,000 examples)."""
     cfg = AppConfig.model_validate({**CONFIG, "gateway": {"max_body_bytes": 8192,
                                                           "default_reward_model": "rm"}})
-    return create_app(RewardGateway(cfg, EchoTransport()))
+    return create_app(RewardService(cfg, EchoTransport()))
 
 
 @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
@@ -171,10 +172,9 @@ def test_the_ingress_deployment_pickles_and_builds_its_app_in_the_replica():
     pickle, and the app is built after the constructor around that replica's gateway."""
     from ray import cloudpickle
 
-    import gateway.app as app_module
-    cls = cloudpickle.loads(cloudpickle.dumps(app_module.Gateway.func_or_class))
+    import gateway.serve.app as app_module
+    cls = cloudpickle.loads(cloudpickle.dumps(app_module.IngressReplica.func_or_class))
     assert hasattr(cls, "__serve_build_asgi_app__")
-    assert app_module.build_app is app_module.__dict__["build_app"]
 
 
 async def test_error_codes_are_strings_and_the_error_model_is_in_openapi():
@@ -192,7 +192,7 @@ async def test_error_codes_are_strings_and_the_error_model_is_in_openapi():
 
 
 def test_every_error_class_has_a_status_and_a_string_code():
-    from gateway.core import errors
+    from gateway.core.api import errors
 
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.RmgateError)]

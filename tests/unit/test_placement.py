@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.hashing import slot_for_key, slot_ranking
-from gateway.core.numerics import ModelClasses, class_id
-from gateway.core.placement import bounded_choice, place, place_in_class, takes_waiter
+from gateway.core.routing.hashing import slot_for_key, slot_ranking
+from gateway.core.routing.numerics import ModelClasses, class_id
+from gateway.core.routing.placement import bounded_choice, place, place_in_class, takes_waiter
 
 KW = dict(failover="wait", slot_wait_s=120.0, failover_after_s=5.0, load_bound=1.25)
 

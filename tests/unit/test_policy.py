@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
-from gateway.core.config import AppConfig, ModelSpec
+from gateway.core.config.settings import AppConfig, ModelSpec
 from gateway.http.app import create_app
-from gateway.core.service import RewardGateway
+from gateway.core.service import RewardService
 from tests.unit.test_ingress import CHAT, FakeTransport
 
 CPU = Platform("cpu", "cpu")
@@ -78,7 +78,7 @@ async def _chat(policy: str, body: dict) -> httpx.Response:
     cfg = AppConfig(models=[{"name": "judge", "kind": "generative", "model_path": "/x",
                              "seed": {"policy": policy}}])
     transport = FakeTransport()
-    app = create_app(RewardGateway(cfg, transport))
+    app = create_app(RewardService(cfg, transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         r = await c.post("/v1/chat/completions", json=body)
     r.sent = transport.sent  # type: ignore[attr-defined]
@@ -101,17 +101,17 @@ async def test_seed_base_changes_derived_seed():
     cfg_b = AppConfig(models=[{"name": "judge", "kind": "generative", "model_path": "/x",
                                "seed": {"policy": "derive", "base": 7}}])
     t = FakeTransport()
-    gw = RewardGateway(cfg_b, t)
-    await gw.generate("/v1/chat/completions", json.dumps(CHAT).encode())
+    gw = RewardService(cfg_b, t)
+    await gw.chat_completions(json.dumps(CHAT).encode())
     assert t.sent[0][3]["seed"] != int(a.headers["x-rmgate-seed"])
 
 
 def test_model_required_when_several_of_a_kind():
     cfg = AppConfig(models=[{"name": "a", "kind": "discriminative", "model_path": "/x"},
                             {"name": "b", "kind": "discriminative", "model_path": "/x"}])
-    from gateway.core.errors import RmgateError
+    from gateway.core.api.errors import RmgateError
     with pytest.raises(RmgateError) as err:
-        RewardGateway(cfg, FakeTransport()).resolve_model(None, "discriminative")
+        RewardService(cfg, FakeTransport()).resolve_model(None, "discriminative")
     assert err.value.status == 400
 
 

@@ -12,15 +12,15 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.core.config import AppConfig
-from gateway.core.errors import RewardComponentFailed
-from gateway.core.programs import ComponentScore, apply_transform, combine
-from gateway.core.scorers.base import RewardInput
-from gateway.core.scorers.model_scorers import (expected_value, label_logprobs,
+from gateway.core.config.settings import AppConfig
+from gateway.core.api.errors import RewardComponentFailed
+from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
+from gateway.core.scoring.base import RewardInput
+from gateway.core.scoring.model_scorers import (expected_value, label_logprobs,
                                                 yes_probability)
-from gateway.core.scorers.specs import ProgramSpec
-from gateway.core.service import RewardGateway
-from gateway.core.transport import EngineReply
+from gateway.core.config.scoring import ProgramSpec
+from gateway.core.service import RewardService
+from gateway.core.api.results import EngineReply
 from gateway.http.app import create_app
 from gateway.observability import metrics
 from gateway.rules import checks
@@ -107,7 +107,7 @@ async def client(rule_pool):
     cfg = AppConfig.model_validate({**CONFIG, "programs": PROGRAMS,
                                     "gateway": {"default_reward_model": "math_default"}})
     transport = LabelJudge()
-    app = create_app(RewardGateway(cfg, transport, rules=rule_pool))
+    app = create_app(RewardService(cfg, transport, rules=rule_pool))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         yield c, transport
 
@@ -120,7 +120,7 @@ async def test_model_rewards_are_bitwise_those_before_the_scorer_seam():
     changed = []
     for rec in recorded:
         cfg = {**CONFIG, "gateway": {"default_reward_model": rec["default"]}}
-        app = create_app(RewardGateway(AppConfig.model_validate(cfg), JudgeTransport()))
+        app = create_app(RewardService(AppConfig.model_validate(cfg), JudgeTransport()))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://g") as c:
             r = await c.post(rec["path"], json=rec["request"])
@@ -192,7 +192,7 @@ async def test_prompt_logprobs_reads_the_same_values_one_request_per_label(clien
 async def test_a_model_scorer_that_cannot_read_its_answer_is_502(rule_pool):
     cfg = {**CONFIG, "models": [{**CONFIG["models"][0], "scorer": JUDGE_PROB},
                                 CONFIG["models"][1]]}
-    app = create_app(RewardGateway(AppConfig.model_validate(cfg), LabelJudge()))
+    app = create_app(RewardService(AppConfig.model_validate(cfg), LabelJudge()))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         r = await c.post("/v1/rewards", json={"model": "judge", "items": [
             {"prompt": "nolabels", "response": "x"}]})
@@ -291,7 +291,7 @@ def test_combine_policies_and_transform_order():
     assert combine(skip, [ok, bad], 0).reward == 0.5
     with pytest.raises(RewardComponentFailed, match="every component"):
         combine(skip, [bad, bad], 0)
-    from gateway.core.scorers.specs import AffineWrap, AffineStep, ClipStep
+    from gateway.core.config.scoring import AffineWrap, AffineStep, ClipStep
     steps = [ClipStep(clip=(0, 1)), AffineWrap(affine=AffineStep(scale=10, shift=-1))]
     assert apply_transform(5.0, steps) == 9.0 and apply_transform(5.0, steps[::-1]) == 1.0
 

@@ -61,7 +61,7 @@ def test_the_flags_reach_serve_only_when_set_before_ray_imports_them(tmp_path):
 
 def test_cli_refuses_an_unknown_proxy_with_a_clear_message(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("applications: [{name: x, import_path: gateway.app:build_app}]\n")
+    cfg.write_text("applications: [{name: x, import_path: gateway.serve.app:build_app}]\n")
     out = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", str(cfg), "--proxy",
                           "nginx"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2

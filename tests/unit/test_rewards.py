@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from gateway.core.config import AppConfig
+from gateway.core.config.settings import AppConfig
 from gateway.http.app import create_app
-from gateway.core.transport import EngineReply
-from gateway.core.service import RewardGateway
+from gateway.core.api.results import EngineReply
+from gateway.core.service import RewardService
 from tests.unit.test_ingress import FakeTransport
 
 CONFIG = {
@@ -44,7 +44,7 @@ class JudgeTransport(FakeTransport):
 @pytest.fixture
 async def setup():
     transport = JudgeTransport()
-    app = create_app(RewardGateway(AppConfig.model_validate(CONFIG), transport))
+    app = create_app(RewardService(AppConfig.model_validate(CONFIG), transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         yield c, transport
 
@@ -146,7 +146,7 @@ async def test_any_json_label_reaches_the_judge_as_json_text(setup, label, text)
 async def test_get_reward_judge_sees_plain_prompt_and_response_with_any_label():
     transport = JudgeTransport()
     cfg = {**CONFIG, "gateway": {"default_reward_model": "judge"}}
-    app = create_app(RewardGateway(AppConfig.model_validate(cfg), transport))
+    app = create_app(RewardService(AppConfig.model_validate(cfg), transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
         query = CHATML_PROMPT + "7<|im_end|>\n<|endoftext|><|endoftext|>"
         r = await c.post("/get_reward", json={"query": [query], "prompts": [CHATML_PROMPT],

@@ -8,18 +8,18 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.core.config import GatewaySettings
-from gateway.core.deadline import Deadline
-from gateway.core.errors import (DeadlineExceeded, EngineFailed, QueueFull, SlotRemoved,
+from gateway.core.config.settings import GatewaySettings
+from gateway.core.routing.deadline import Deadline
+from gateway.core.api.errors import (DeadlineExceeded, EngineFailed, QueueFull, SlotRemoved,
                                  SlotUnavailable)
-from gateway.core.hashing import slot_for_key, slot_ranking
-from gateway.core.placement import Placement, place
-from gateway.core.retry import Decision, RetryConfig, RetryState
-from gateway.core.slots import SlotTable
-from gateway.core.errors import InvalidSlotCounts
+from gateway.core.routing.hashing import slot_for_key, slot_ranking
+from gateway.core.routing.placement import Placement, place
+from gateway.core.routing.retry import Decision, RetryConfig, RetryState
+from gateway.core.routing.slots import SlotTable
+from gateway.core.api.errors import InvalidSlotCounts
 from gateway.observability import metrics
 from gateway.transport.engine_client import HttpxEngineClient
-from gateway.transport.gate import SlotGate
+from gateway.core.routing.gate import SlotGate
 from gateway.transport.slot_transport import SlotTransport
 
 
@@ -230,7 +230,7 @@ def test_slot_ranking_is_a_deterministic_permutation_starting_at_the_own_slot():
 
 async def _slot0_key_in_one_class(t: SlotTransport) -> Placement:
     """Both slots of ``t`` in class A; the class placement of a key whose slot is 0."""
-    from gateway.core.placement import place_in_class
+    from gateway.core.routing.placement import place_in_class
 
     for h in t.directory.handles["m"]:
         h.info["numerics"] = {"class_id": "A"}
@@ -291,8 +291,8 @@ async def test_a_class_mate_that_restarted_with_other_numerics_is_not_answered_o
     """Placed while slot 1 was a class mate; slot 1 then comes back of another class (a
     restart with other flags). The transport must not answer there: the request is handed
     back to be placed again, and the slots' classes now say why."""
-    from gateway.core.errors import SlotClassChanged
-    from gateway.core.placement import place_in_class
+    from gateway.core.api.errors import SlotClassChanged
+    from gateway.core.routing.placement import place_in_class
 
     t, _ = transport(hosts=("alive1", "alive2"))
     for h in t.directory.handles["m"]:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from gateway.core.scorers.base import RewardInput
-from gateway.core.scorers.model_scorers import judge_messages
-from gateway.core.scorers.specs import JudgeTextSpec as ScorerSpec
-from gateway.core.scoring import make_parser
+from gateway.core.scoring.base import RewardInput
+from gateway.core.scoring.model_scorers import judge_messages
+from gateway.core.config.scoring import JudgeTextSpec as ScorerSpec
+from gateway.core.scoring.judge_parsers import make_parser
 
 
 @pytest.mark.parametrize("spec,text,expected", [

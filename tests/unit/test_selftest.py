@@ -11,7 +11,7 @@ import pytest
 
 from deployments.engine.args import Platform, PolicyError, needs_selftest, plan_engine
 from deployments.engine.selftest import PROBE_TEXTS, run_selftest
-from gateway.core.config import ModelSpec
+from gateway.core.config.settings import ModelSpec
 
 
 class Engine:
@@ -52,7 +52,7 @@ def test_invariant_engine_passes_and_variant_engine_fails(kind):
 
 
 def test_a_batch_that_changes_only_token_ids_or_finish_reason_fails():
-    """The self-test compares the whole answer (gateway.core.answers), not only the text and
+    """The self-test compares the whole answer (gateway.core.api.answers), not only the text and
     logprobs: a batch that ends a generation differently, or samples other token ids
     behind the same text, is not batch invariant."""
     for field, alone, batched in (("finish_reason", "length", "stop"),
@@ -138,7 +138,7 @@ def test_gpu_config_plans_packed_batch_invariant_slots(name: str):
     import yaml
 
     from gateway.serve import topology
-    from gateway.core.config import AppConfig
+    from gateway.core.config.settings import AppConfig
     from tests.integration.conftest import REPO
 
     raw = yaml.safe_load((REPO / "configs" / name).read_text())

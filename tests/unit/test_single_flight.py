@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from gateway.core.identity import reward_identity
-from gateway.core.single_flight import SingleFlight
+from gateway.core.ledger_policy.identity import reward_identity
+from gateway.core.ledger_policy.single_flight import SingleFlight
 
 
 def test_identity_names_model_class_path_and_body():

@@ -77,7 +77,7 @@ def test_scale_errors():
 
 def test_several_gateways_in_one_config_get_their_own_names_and_slot_prefixes():
     two = {"applications": [
-        {"name": n, "route_prefix": p, "import_path": "gateway.app:build_app",
+        {"name": n, "route_prefix": p, "import_path": "gateway.serve.app:build_app",
          "args": {"gateway": {"transport": t}, "models": [
              {"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}]}}
         for n, p, t in (("direct", "/", "direct"), ("handle", "/handle", "handle"))]}
@@ -135,7 +135,7 @@ def test_on_a_cluster_direct_gateways_engines_listen_on_the_node_address():
     out = topology.with_engines_on_node_addresses(rendered)
     ServeDeploySchema.model_validate(out)
     hosts = {a["name"]: a["args"]["spec"]["engine_host"] for a in out["applications"]
-             if a["import_path"] in topology.SLOT_IMPORTS}
+             if a["import_path"] in {topology.SLOT_IMPORT}}
     assert hosts == {"direct-judge-0": "node", "direct-judge-1": "node", "direct-rm-0": "node",
                      "direct-rm-1": "node", "viahandle-judge-0": "loopback",
                      "viahandle-judge-1": "loopback", "viahandle-rm-0": "loopback",
@@ -144,10 +144,10 @@ def test_on_a_cluster_direct_gateways_engines_listen_on_the_node_address():
 
 
 def test_direct_port_goes_to_the_one_ingress_and_is_a_valid_setting():
-    from gateway.core.config import AppConfig
+    from gateway.core.config.settings import AppConfig
     rendered = topology.render(COMPACT)
     out = topology.with_direct_port(rendered, 8001, "0.0.0.0")
-    ingress = [a for a in out["applications"] if a["import_path"] in topology.INGRESS_IMPORTS]
+    ingress = [a for a in out["applications"] if a["import_path"] in {topology.INGRESS_IMPORT}]
     assert ingress[0]["args"]["gateway"]["direct_port"] == 8001
     assert (rendered["applications"][0]["args"].get("gateway") or {}).get("direct_port") is None
     args = {k: v for k, v in ingress[0]["args"].items() if k != topology.SLOT_PREFIX_ARG}
@@ -163,7 +163,7 @@ def test_render_with_a_direct_port_renders_what_serve_with_it_deploys(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from gateway.cli import app
+    from gateway.cli.main import app
     out = tmp_path / "r.yaml"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(COMPACT))

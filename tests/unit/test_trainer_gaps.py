@@ -12,15 +12,15 @@ import httpx
 import openai
 import pytest
 
-from gateway.core.config import AppConfig
-from gateway.core.service import RewardGateway
+from gateway.core.config.settings import AppConfig
+from gateway.core.service import RewardService
 from gateway.http.app import create_app
 from tests.unit.test_ingress import CONFIG, FakeTransport
 from tests.unit.test_ops import make_client
 
 
 def _client(cfg: dict, transport: FakeTransport) -> httpx.AsyncClient:
-    gw = RewardGateway(AppConfig.model_validate(cfg), transport)
+    gw = RewardService(AppConfig.model_validate(cfg), transport)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
                              base_url="http://gw")
 

@@ -49,7 +49,7 @@ def test_essence_ignores_ids_and_times():
     a = {"id": "1", "created": 1, "data": [{"index": 0, "probs": [0.3]}]}
     b = {"id": "2", "created": 2, "data": [{"index": 0, "probs": [0.3]}]}
     assert essence("/classify", a) == essence("/classify", b)
-    # the shared definition (gateway.core.answers): rewards and what they were computed from
+    # the shared definition (gateway.core.api.answers): rewards and what they were computed from
     same = {"rewards": [1.0], "details": [{"index": 0, "slot": "0", "judge_text": "1"}]}
     moved = {"rewards": [1.0], "details": [{"index": 0, "slot": "1", "judge_text": "1"}]}
     other = {"rewards": [1.0], "details": [{"index": 0, "slot": "0", "judge_text": "1."}]}

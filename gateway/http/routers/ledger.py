@@ -12,7 +12,7 @@ import re
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.core.errors import InvalidRequest, LedgerOff, ReceiptNotFound
+from gateway.core.api.errors import InvalidRequest, LedgerOff, ReceiptNotFound
 from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.core.protocols import ModelList
-from gateway.core.service import RewardGateway
+from gateway.core.api.schemas import ModelList
+from gateway.core.service import RewardService
 from gateway.http.auth import auth_dependencies, current_gateway
 from gateway.observability import metrics
 
@@ -16,7 +16,7 @@ def router(auth: bool = True) -> APIRouter:
     r = APIRouter(tags=["ops"])
 
     @r.get("/v1/models", response_model=ModelList, dependencies=auth_dependencies(auth))
-    async def models(gateway: RewardGateway = Depends(current_gateway)) -> JSONResponse:
+    async def models(gateway: RewardService = Depends(current_gateway)) -> JSONResponse:
         return JSONResponse((await gateway.models()).model_dump())
 
     @r.get("/metrics")

@@ -1,0 +1,1 @@
+"""``rmgate``, the command line: ``main`` (serve, demo, scale, check...), ``ledger``."""

@@ -1,0 +1,52 @@
+"""Scorers by name: the config's ``type`` -> the class that reads it.
+
+Built once per gateway (``build_scorers``), not per request: a judge's parser and a
+program's components are ready before the first reward is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from gateway.core.config.settings import AppConfig
+from gateway.core.scoring.base import Scorer
+from gateway.core.scoring.model_scorers import (ExpectedRatingScorer, JudgeProbScorer,
+                                                JudgeTextScorer, LogitScorer)
+from gateway.core.scoring.rule_scorers import RuleScorer
+
+#: type -> factory(spec, model name, truncation side)
+MODEL_SCORERS: dict[str, Callable[..., Scorer]] = {
+    "logit": LogitScorer,
+    "judge_text": JudgeTextScorer,
+    "judge_prob": JudgeProbScorer,
+    "expected_rating": ExpectedRatingScorer,
+}
+
+
+def model_scorer(spec: Any, model: str, truncation_side: str = "right") -> Scorer:
+    return MODEL_SCORERS[spec.type](spec, model, truncation_side)
+
+
+def rule_scorer(spec: Any) -> Scorer:
+    return RuleScorer(spec)
+
+
+class Scorers:
+    """Every scorer a config names: one per model (its ``scorer``) and one per program
+    component, keyed ``(program, component)``."""
+
+    def __init__(self, config: AppConfig) -> None:
+        side = config.gateway.get_reward_truncation_side
+        self.models: dict[str, Scorer] = {
+            m.name: model_scorer(m.scorer, m.name, side) for m in config.models}
+        self.components: dict[tuple[str, str], Scorer] = {}
+        for program in config.programs:
+            for comp in program.components:
+                if comp.rule is not None:
+                    scorer = rule_scorer(comp.rule)
+                else:
+                    spec = config.model(comp.model or "")
+                    assert spec is not None  # AppConfig checked it
+                    scorer = (model_scorer(comp.scorer, spec.name, side)
+                              if comp.scorer is not None else self.models[spec.name])
+                self.components[(program.name, comp.name)] = scorer
