@@ -46,8 +46,12 @@ EARLY = 4000
 
 def metric_lines(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=30, headers=headers).text
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines()
-                                     if line and not line.startswith("#"))}
+    return {
+        k: float(v)
+        for k, v in (
+            line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+        )
+    }
 
 
 def total(lines: dict[str, float], name: str, needle: str = "") -> float:
@@ -73,15 +77,16 @@ def send_and_leave(base: str, body: bytes, hold_s: float, headers: dict[str, str
     host, port = base.removeprefix("http://").split(":")
     extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                     f"application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
-                     + body)
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
+            + body
+        )
         time.sleep(hold_s)
 
 
 def generated(engines: list[str], secrets: dict[str, dict[str, str]]) -> float:
-    return sum(total(metric_lines(e, secrets[e]), "vllm:generation_tokens_total")
-               for e in engines)
+    return sum(total(metric_lines(e, secrets[e]), "vllm:generation_tokens_total") for e in engines)
 
 
 def until_quiet(engines: list[str], secrets: dict[str, dict[str, str]]) -> float:
@@ -96,11 +101,25 @@ def until_quiet(engines: list[str], secrets: dict[str, dict[str, str]]) -> float
     raise RuntimeError("the engines never went quiet")
 
 
-def attempt(target: str, url: str, engines: list[str], secrets: dict[str, dict[str, str]],
-            proxy_dir: Path, seed: int, hold_s: float) -> dict[str, Any]:
-    body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
-                       "seed": seed, "messages": [{"role": "user", "content": "a long answer"}]}
-                      ).encode()
+def attempt(
+    target: str,
+    url: str,
+    engines: list[str],
+    secrets: dict[str, dict[str, str]],
+    proxy_dir: Path,
+    seed: int,
+    hold_s: float,
+) -> dict[str, Any]:
+    body = json.dumps(
+        {
+            "model": "judge",
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "n": 8,
+            "seed": seed,
+            "messages": [{"role": "user", "content": "a long answer"}],
+        }
+    ).encode()
     before_tokens = generated(engines, secrets)
     before = metric_lines(url)
     aborts = haproxy_client_aborts(proxy_dir)
@@ -112,10 +131,16 @@ def attempt(target: str, url: str, engines: list[str], secrets: dict[str, dict[s
     after = metric_lines(url)
     row: dict[str, Any] = {"target": target, "tokens": tokens, "stopped_early": tokens < EARLY}
     if target == "rmgate":
-        row["gateway_noticed"] = total(after, "rmgate_requests_total", 'status="499"') \
-            - total(before, "rmgate_requests_total", 'status="499"') >= 1
-        row["deadline_ended"] = total(after, "rmgate_requests_total", 'status="504"') \
-            - total(before, "rmgate_requests_total", 'status="504"') >= 1
+        row["gateway_noticed"] = (
+            total(after, "rmgate_requests_total", 'status="499"')
+            - total(before, "rmgate_requests_total", 'status="499"')
+            >= 1
+        )
+        row["deadline_ended"] = (
+            total(after, "rmgate_requests_total", 'status="504"')
+            - total(before, "rmgate_requests_total", 'status="504"')
+            >= 1
+        )
         now = haproxy_client_aborts(proxy_dir)
         row["haproxy_noticed"] = None if aborts is None or now is None else now - aborts >= 1
     return row
@@ -125,33 +150,54 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def share(target: str, key: str) -> str:
         xs = [r[key] for r in rows if r["target"] == target and r.get(key) is not None]
         return f"{sum(xs)}/{len(xs)}"
-    return {"engine_directly_stopped_early": share("engine", "stopped_early"),
-            "haproxy_noticed": share("rmgate", "haproxy_noticed"),
-            "gateway_noticed": share("rmgate", "gateway_noticed"),
-            "deadline_ended": share("rmgate", "deadline_ended"),
-            "through_rmgate_stopped_early": share("rmgate", "stopped_early")}
+
+    return {
+        "engine_directly_stopped_early": share("engine", "stopped_early"),
+        "haproxy_noticed": share("rmgate", "haproxy_noticed"),
+        "gateway_noticed": share("rmgate", "gateway_noticed"),
+        "deadline_ended": share("rmgate", "deadline_ended"),
+        "through_rmgate_stopped_early": share("rmgate", "stopped_early"),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attempts", type=int, default=30, help="attempts per target")
     ap.add_argument("--hold", type=float, default=0.3, help="seconds before the client leaves")
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "benchmarks" / "results" / "disconnects.json")
+    ap.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "disconnects.json"
+    )
     args = ap.parse_args()
 
     from deployments.demo.models import build_demo_models, demo_models_present
+
     if not demo_models_present(REPO / "models" / "demo"):
         build_demo_models(REPO / "models" / "demo")
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="rmgate-disconnects-"))
-    env = {**os.environ, "RMGATE_LOG_DIR": str(logs / "engines"), "HF_HUB_OFFLINE": "1",
-           "RMGATE_STATE_DIR": str(logs / "state")}
+    env = {
+        **os.environ,
+        "RMGATE_LOG_DIR": str(logs / "engines"),
+        "HF_HUB_OFFLINE": "1",
+        "RMGATE_STATE_DIR": str(logs / "state"),
+    }
     with open(logs / "serve.log", "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve",
-                                 str(REPO / "benchmarks/configs/disconnects.yaml"),
-                                 "--port", str(port)], cwd=REPO, env=env, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                str(REPO / "benchmarks/configs/disconnects.yaml"),
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     rows: list[dict[str, Any]] = []
     try:
@@ -161,13 +207,26 @@ def main() -> None:
         proxy_dir = Path(tempfile.gettempdir()) / f"rmgate-proxy-{proc.pid}"  # gateway/cli.py
         for i in range(args.attempts):
             for target in ("rmgate", "engine"):
-                rows.append(attempt(target, url, engines, secrets, proxy_dir, 1000 + 2 * i
-                                    + (target == "engine"), args.hold))
+                rows.append(
+                    attempt(
+                        target,
+                        url,
+                        engines,
+                        secrets,
+                        proxy_dir,
+                        1000 + 2 * i + (target == "engine"),
+                        args.hold,
+                    )
+                )
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         stop_process_group(proc)
-    result = {"attempts": args.attempts, "hold_s": args.hold, "summary": summary(rows),
-              "rows": rows}
+    result = {
+        "attempts": args.attempts,
+        "hold_s": args.hold,
+        "summary": summary(rows),
+        "rows": rows,
+    }
     for key, value in result["summary"].items():
         print(f"{key:<32}{value:>8}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

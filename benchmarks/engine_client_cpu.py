@@ -34,14 +34,21 @@ class AiohttpEngineClient:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
-    async def post(self, target: SlotInfo, path: str, body: bytes,
-                   timeout_s: float) -> tuple[int, bytes]:
+    async def post(
+        self, target: SlotInfo, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
-        async with self._session.post(target.url + path, data=body, headers=target.headers,
-                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        async with self._session.post(
+            target.url + path,
+            data=body,
+            headers=target.headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             return resp.status, await resp.read()
 
     async def aclose(self) -> None:
@@ -52,11 +59,19 @@ class AiohttpEngineClient:
 CLIENTS = {"aiohttp": AiohttpEngineClient, "rmgate_http1": Http1EngineClient}
 
 
-async def run(client: EngineClient, url: str, path: str, bodies: list[bytes], n: int,
-              concurrency: int) -> tuple[float, float]:
+async def run(
+    client: EngineClient, url: str, path: str, bodies: list[bytes], n: int, concurrency: int
+) -> tuple[float, float]:
     """(CPU ms per request, requests per second)."""
-    target = SlotInfo(model="m", slot=0, url=url, fingerprint=None, mode="batch_invariant",
-                      max_inflight=concurrency, secret="canned")
+    target = SlotInfo(
+        model="m",
+        slot=0,
+        url=url,
+        fingerprint=None,
+        mode="batch_invariant",
+        max_inflight=concurrency,
+        secret="canned",
+    )
     sent = 0
 
     async def worker() -> None:
@@ -67,6 +82,7 @@ async def run(client: EngineClient, url: str, path: str, bodies: list[bytes], n:
             status, _ = await client.post(target, path, body, 30.0)
             if status != 200:
                 raise RuntimeError(f"{path}: {status}")
+
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return (1000 * (time.process_time() - cpu) / n, n / (time.perf_counter() - wall))
@@ -99,9 +115,14 @@ async def measure(url: str, requests: int, rounds: int, concurrency: int) -> dic
         for client in clients.values():
             await client.aclose()
         best = {k: min(v) for k, v in runs.items()}
-        out[name] = {k: {"cpu_ms": round(ms, 4), "req_per_s": round(rps, 1),
-                         "over_aiohttp": round(ms / best["aiohttp"][0], 2)}
-                     for k, (ms, rps) in best.items()}
+        out[name] = {
+            k: {
+                "cpu_ms": round(ms, 4),
+                "req_per_s": round(rps, 1),
+                "over_aiohttp": round(ms / best["aiohttp"][0], 2),
+            }
+            for k, (ms, rps) in best.items()
+        }
         out[name]["rounds"] = runs
     return out
 
@@ -113,21 +134,36 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--answer", choices=("small", "gpu"), default="gpu")
     ap.add_argument("--engine-delay-ms", type=float, default=0.0)
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "benchmarks" / "results" / "engine_client_cpu.json")
+    ap.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "engine_client_cpu.json"
+    )
     args = ap.parse_args()
     from deployments.engine.process import free_port
+
     port = free_port()
     with canned_engine(port, args.answer, args.engine_delay_ms):
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url)
         result = uvloop.run(measure(url, args.requests, args.rounds, args.concurrency))
-    result = {"requests": args.requests, "rounds": args.rounds,
-              "concurrency": args.concurrency, "answer": args.answer,
-              "engine_delay_ms": args.engine_delay_ms, "clients": result}
-    report(args.out, result, result["clients"], list(CLIENTS),
-           [("CPU ms/req", "cpu_ms", ".4f"), ("x aiohttp", "over_aiohttp", ".2f"),
-            ("req/s", "req_per_s", ".1f")])
+    result = {
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "answer": args.answer,
+        "engine_delay_ms": args.engine_delay_ms,
+        "clients": result,
+    }
+    report(
+        args.out,
+        result,
+        result["clients"],
+        list(CLIENTS),
+        [
+            ("CPU ms/req", "cpu_ms", ".4f"),
+            ("x aiohttp", "over_aiohttp", ".2f"),
+            ("req/s", "req_per_s", ".1f"),
+        ],
+    )
 
 
 if __name__ == "__main__":

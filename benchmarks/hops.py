@@ -44,6 +44,7 @@ def main() -> None:
     n = 40 if args.quick else args.requests
 
     from deployments.demo.models import build_demo_models, demo_models_present
+
     if not demo_models_present(REPO / "models" / "demo"):
         build_demo_models(REPO / "models" / "demo")
 
@@ -51,10 +52,22 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="rmgate-hops-"))
     env = {**os.environ, "RMGATE_LOG_DIR": str(logs / "engines"), "HF_HUB_OFFLINE": "1"}
     with open(logs / "serve.log", "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve",
-                                 str(REPO / "benchmarks/configs/hops.yaml"), "--port", str(port)],
-                                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                str(REPO / "benchmarks/configs/hops.yaml"),
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, proc, logs / "serve.log", 900)
@@ -62,7 +75,7 @@ def main() -> None:
         engine_log = sorted((logs / "engines").glob("rm-0-*.log"))[0]
         # Two rm-0 engines exist (one per application); either is a vLLM server that
         # answers its secret's bearer only.
-        engine_port = engine_log.stem.rsplit('-', 1)[1]
+        engine_port = engine_log.stem.rsplit("-", 1)[1]
         engine_url = f"http://127.0.0.1:{engine_port}"
         paths = {"engine": engine_url, "rmgate-direct": url, "rmgate-handle": url + "/handle"}
         auth = engine_headers_for(paths.values())  # the engine its secret, the gateway no cache
@@ -84,9 +97,12 @@ def main() -> None:
     print(f"{'path':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'p50 ratio':>11}")
     for name, xs in times.items():
         p50, p99 = statistics.median(xs), _percentile(xs, 0.99)
-        result["paths"][name] = {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
-                                 "added_p50_ms": round(p50 - base_p50, 2),
-                                 "p50_ratio_vs_engine": round(p50 / base_p50, 2)}
+        result["paths"][name] = {
+            "p50_ms": round(p50, 2),
+            "p99_ms": round(p99, 2),
+            "added_p50_ms": round(p50 - base_p50, 2),
+            "p50_ratio_vs_engine": round(p50 / base_p50, 2),
+        }
         print(f"{name:<16}{p50:>9.1f}{p99:>9.1f}{p50 - base_p50:>9.1f}{p50 / base_p50:>11.2f}")
     ratio = statistics.median(times["rmgate-handle"]) / statistics.median(times["rmgate-direct"])
     result["handle_over_direct_p50"] = round(ratio, 2)

@@ -22,7 +22,8 @@ import cProfile
 import json
 import pstats
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,18 +38,40 @@ from gateway.http.hot_path import HotPath
 
 ASGIApp = Callable[..., Awaitable[None]]
 
-CONFIG = {"models": [
-    {"name": "rm", "kind": "discriminative", "model_path": "/m/rm", "replicas": 4},
-    {"name": "judge", "kind": "generative", "model_path": "/m/judge", "replicas": 4,
-     "sampling_defaults": {"temperature": 1.0, "max_tokens": 16}}],
-    "gateway": {"ledger": {"backend": "off"}, "cache": "off", "default_reward_model": "rm"}}
+CONFIG = {
+    "models": [
+        {"name": "rm", "kind": "discriminative", "model_path": "/m/rm", "replicas": 4},
+        {
+            "name": "judge",
+            "kind": "generative",
+            "model_path": "/m/judge",
+            "replicas": 4,
+            "sampling_defaults": {"temperature": 1.0, "max_tokens": 16},
+        },
+    ],
+    "gateway": {"ledger": {"backend": "off"}, "cache": "off", "default_reward_model": "rm"},
+}
 
 #: (name, path, body): one request of each kind a trainer sends most.
 REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
-    ("classify", "/classify", {"model": "rm", "input": "<|im_start|>user\n3+4=<|im_end|>\n"
-                               "<|im_start|>assistant\n7<|im_end|>", "use_activation": False}),
-    ("chat", "/v1/chat/completions", {"model": "judge", "messages": [
-        {"role": "user", "content": "Is 3+4=7 right?"}], "max_tokens": 8}),
+    (
+        "classify",
+        "/classify",
+        {
+            "model": "rm",
+            "input": "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n7<|im_end|>",
+            "use_activation": False,
+        },
+    ),
+    (
+        "chat",
+        "/v1/chat/completions",
+        {
+            "model": "judge",
+            "messages": [{"role": "user", "content": "Is 3+4=7 right?"}],
+            "max_tokens": 8,
+        },
+    ),
     ("rewards", "/v1/rewards", {"model": "rm", "items": [{"prompt": "3+4=", "response": "7"}]}),
 ]
 
@@ -56,27 +79,42 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 def gateway_app() -> ASGIApp:
     """The app as the ingress replica serves it (``gateway.serve.app``: the hot path in
     front of FastAPI)."""
-    return HotPath(create_app(RewardService(AppConfig.model_validate(CONFIG),
-                                            CannedTransport())))
+    return HotPath(create_app(RewardService(AppConfig.model_validate(CONFIG), CannedTransport())))
 
 
 def bare_app() -> ASGIApp:
     """The anchor: read the body, answer the canned bytes (what any proxy must do)."""
+
     async def answer(request: Request) -> Response:
         await request.body()
-        return Response(CHAT if request.url.path.endswith("completions") else CLASSIFY,
-                        media_type="application/json")
+        return Response(
+            CHAT if request.url.path.endswith("completions") else CLASSIFY,
+            media_type="application/json",
+        )
+
     return Starlette(routes=[Route(p, answer, methods=["POST"]) for _, p, _ in REQUESTS])
 
 
 async def post(app: ASGIApp, path: str, body: bytes) -> int:
     """One request straight into the ASGI app; its status."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 40000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
     delivered = False
     status = 0
 
@@ -97,19 +135,25 @@ async def post(app: ASGIApp, path: str, body: bytes) -> int:
     return status
 
 
-async def cpu_ms_per_request(app: ASGIApp, path: str, body: bytes, n: int,
-                             concurrency: int) -> float:
+async def cpu_ms_per_request(
+    app: ASGIApp, path: str, body: bytes, n: int, concurrency: int
+) -> float:
     """CPU milliseconds per request over ``n`` requests, ``concurrency`` at a time."""
     start = time.process_time()
     for i in range(0, n, concurrency):
-        statuses = await asyncio.gather(*(post(app, path, body)
-                                          for _ in range(min(concurrency, n - i))))
+        statuses = await asyncio.gather(
+            *(post(app, path, body) for _ in range(min(concurrency, n - i)))
+        )
         assert set(statuses) == {200}, statuses
     return (time.process_time() - start) * 1000 / n
 
 
-async def measure(requests: int = 2000, rounds: int = 5, concurrency: int = 32,
-                  names: tuple[str, ...] = ("classify", "chat", "rewards")) -> dict[str, Any]:
+async def measure(
+    requests: int = 2000,
+    rounds: int = 5,
+    concurrency: int = 32,
+    names: tuple[str, ...] = ("classify", "chat", "rewards"),
+) -> dict[str, Any]:
     apps = {"gateway": gateway_app(), "bare": bare_app()}
     out: dict[str, Any] = {}
     for name, path, obj in REQUESTS:
@@ -121,14 +165,16 @@ async def measure(requests: int = 2000, rounds: int = 5, concurrency: int = 32,
         runs: dict[str, list[float]] = {k: [] for k in apps}
         for _ in range(rounds):
             for key, app in apps.items():
-                runs[key].append(await cpu_ms_per_request(app, path, body, requests,
-                                                          concurrency))
+                runs[key].append(await cpu_ms_per_request(app, path, body, requests, concurrency))
         # the least of the rounds: CPU time only grows with interference (GC, other
         # processes), so the minimum is the steadiest estimate of the work itself
         med = {k: min(v) for k, v in runs.items()}
-        out[name] = {"gateway_ms": round(med["gateway"], 4), "bare_ms": round(med["bare"], 4),
-                     "ratio": round(med["gateway"] / med["bare"], 2),
-                     "rounds": {k: [round(x, 4) for x in v] for k, v in runs.items()}}
+        out[name] = {
+            "gateway_ms": round(med["gateway"], 4),
+            "bare_ms": round(med["bare"], 4),
+            "ratio": round(med["gateway"] / med["bare"], 2),
+            "rounds": {k: [round(x, 4) for x in v] for k, v in runs.items()},
+        }
     return out
 
 

@@ -50,21 +50,50 @@ ENGINE = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
 
 def config(models_dir: Path, state_dir: Path) -> dict[str, Any]:
     def model(name: str, path: str, kind: str) -> dict[str, Any]:
-        return {"name": name, "kind": kind, "model_path": str(models_dir / path), "replicas": 1,
-                "determinism": "serialize", "engine_args": ENGINE, "max_queue_per_slot": 100000,
-                **({"sampling_defaults": {"max_tokens": 8},
-                    "scorer": {"template": "Is {prompt} {response} right?",
-                               "parser": "last_int"}} if kind == "generative" else {})}
-    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
-        "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 900,
-                             "ledger": {"state_dir": str(state_dir)}},
-                 "models": [model("rm", "disrm", "discriminative"),
-                            model("judge", "grm", "generative")]}}]}
+        return {
+            "name": name,
+            "kind": kind,
+            "model_path": str(models_dir / path),
+            "replicas": 1,
+            "determinism": "serialize",
+            "engine_args": ENGINE,
+            "max_queue_per_slot": 100000,
+            **(
+                {
+                    "sampling_defaults": {"max_tokens": 8},
+                    "scorer": {"template": "Is {prompt} {response} right?", "parser": "last_int"},
+                }
+                if kind == "generative"
+                else {}
+            ),
+        }
+
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "gateway": {
+                        "max_queue_per_slot": 100000,
+                        "request_timeout_s": 900,
+                        "ledger": {"state_dir": str(state_dir)},
+                    },
+                    "models": [
+                        model("rm", "disrm", "discriminative"),
+                        model("judge", "grm", "generative"),
+                    ],
+                },
+            }
+        ],
+    }
 
 
-async def policy_answers(url: str, seed: int, prompts: int, group: int, max_tokens: int = 4
-                         ) -> list[tuple[str, list[str]]]:
+async def policy_answers(
+    url: str, seed: int, prompts: int, group: int, max_tokens: int = 4
+) -> list[tuple[str, list[str]]]:
     """A real sampler on a short-answer task: the demo GRM as the policy, ``group`` samples
     (temperature 1.0, one seed each, ``max_tokens`` tokens) per arithmetic question."""
     rng = random.Random(seed)
@@ -74,19 +103,31 @@ async def policy_answers(url: str, seed: int, prompts: int, group: int, max_toke
         questions.append(f"[{seed}:{p}] Is {a}+{b}={a + b + rng.choice((0, 0, 1, -1))} right?")
     sem = asyncio.Semaphore(8)
     async with httpx.AsyncClient(timeout=600, headers=NO_CACHE) as client:
+
         async def sample(q: str, k: int) -> str:
             async with sem:
-                r = await client.post(url + "/v1/chat/completions", json={
-                    "model": "judge", "max_tokens": max_tokens, "temperature": 1.0,
-                    "seed": k, "messages": [{"role": "user", "content": q}]})
+                r = await client.post(
+                    url + "/v1/chat/completions",
+                    json={
+                        "model": "judge",
+                        "max_tokens": max_tokens,
+                        "temperature": 1.0,
+                        "seed": k,
+                        "messages": [{"role": "user", "content": q}],
+                    },
+                )
             r.raise_for_status()
             return r.json()["choices"][0]["message"]["content"] or ""
-        return [(q, list(await asyncio.gather(*(sample(q, k) for k in range(group)))))
-                for q in questions]
+
+        return [
+            (q, list(await asyncio.gather(*(sample(q, k) for k in range(group)))))
+            for q in questions
+        ]
 
 
-def grpo_batches(sampled: list[tuple[str, list[str]]], seed: int, retry_rate: float = 0.1
-                 ) -> list[list[dict[str, str]]]:
+def grpo_batches(
+    sampled: list[tuple[str, list[str]]], seed: int, retry_rate: float = 0.1
+) -> list[list[dict[str, str]]]:
     """One /v1/rewards batch per prompt group (its sampled answers); a share of the batches
     is sent twice (a retried batch)."""
     rng = random.Random(seed)
@@ -99,13 +140,16 @@ def grpo_batches(sampled: list[tuple[str, list[str]]], seed: int, retry_rate: fl
     return batches
 
 
-async def run_arms(url: str, model: str, group: int, prompts: int, concurrency: int
-                   ) -> dict[str, Any]:
+async def run_arms(
+    url: str, model: str, group: int, prompts: int, concurrency: int
+) -> dict[str, Any]:
     """Arms off and on, each its own prompts, batch by batch interleaved; engine calls
     counted around each arm's batches."""
     out: dict[str, Any] = {}
-    for arm, seed, headers in (("off", 1000 + group, {url: dict(NO_CACHE)}),
-                               ("on", 2000 + group, {url: {}})):
+    for arm, seed, headers in (
+        ("off", 1000 + group, {url: dict(NO_CACHE)}),
+        ("on", 2000 + group, {url: {}}),
+    ):
         batches = grpo_batches(await policy_answers(url, seed, prompts, group), seed)
         pairs = [(it["prompt"], it["response"]) for b in batches for it in b]
         calls = [("/v1/rewards", {"model": model, "items": b}) for b in batches]
@@ -119,10 +163,12 @@ async def run_arms(url: str, model: str, group: int, prompts: int, concurrency: 
         res["duplicate_rate"] = round(1 - len(set(pairs)) / len(pairs), 3)
         res["samples_per_s"] = round(res["req_per_s"] * len(pairs) / len(calls), 1)
         out[arm] = res
-    out["engine_calls_on_over_off"] = round(out["on"]["engine_calls"]
-                                            / max(1, out["off"]["engine_calls"]), 3)
-    out["throughput_on_over_off"] = round(out["on"]["samples_per_s"]
-                                          / out["off"]["samples_per_s"], 2)
+    out["engine_calls_on_over_off"] = round(
+        out["on"]["engine_calls"] / max(1, out["off"]["engine_calls"]), 3
+    )
+    out["throughput_on_over_off"] = round(
+        out["on"]["samples_per_s"] / out["off"]["samples_per_s"], 2
+    )
     return out
 
 
@@ -132,10 +178,17 @@ class InstantEngines:
 
     async def post(self, model, placement, path, body, deadline):
         from gateway.core.api.results import EngineReply
+
         data = json.loads(body)
-        out = {"id": "classify-x", "object": "list", "model": model,
-               "data": [{"index": 0, "label": "LABEL_0", "probs": [len(str(data)) / 7.0],
-                         "num_classes": 1}], "usage": {"prompt_tokens": 9, "total_tokens": 9}}
+        out = {
+            "id": "classify-x",
+            "object": "list",
+            "model": model,
+            "data": [
+                {"index": 0, "label": "LABEL_0", "probs": [len(str(data)) / 7.0], "num_classes": 1}
+            ],
+            "usage": {"prompt_tokens": 9, "total_tokens": 9},
+        }
         return EngineReply(200, json.dumps(out).encode(), "fp", placement.first, "cls-bench")
 
     async def describe(self, model, slot, timeout_s):
@@ -145,8 +198,9 @@ class InstantEngines:
         return "healthy"
 
     def slot_view(self, model, slots):
-        from gateway.core.routing.numerics import ModelClasses
         from gateway.core.routing.engine_access import SlotView
+        from gateway.core.routing.numerics import ModelClasses
+
         return SlotView(ModelClasses(("cls-bench",) * slots))
 
 
@@ -155,17 +209,22 @@ async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> di
     from gateway.core.service import RewardService
     from gateway.ledger.ledger import Ledger
 
-    cfg = AppConfig.model_validate({"models": [
-        {"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}],
-        "gateway": {"placement": "pinned"}})
+    cfg = AppConfig.model_validate(
+        {
+            "models": [{"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}],
+            "gateway": {"placement": "pinned"},
+        }
+    )
     ledger = None
     if backend != "none":
         settings = LedgerSettings(backend=backend, dsn=dsn, state_dir=str(state / backend))
         ledger = Ledger.open(settings)
         ledger.writer.start()
     gw = RewardService(cfg, InstantEngines(), ledger=ledger)
-    bodies = [json.dumps({"model": "rm", "input": f"sample {backend} {i} of a GRPO group"}
-                         ).encode() for i in range(n)]
+    bodies = [
+        json.dumps({"model": "rm", "input": f"sample {backend} {i} of a GRPO group"}).encode()
+        for i in range(n)
+    ]
     for b in bodies[:200]:  # warm-up (imports, first allocations)
         await gw.classify(b, use_cache=False)
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -175,8 +234,10 @@ async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> di
         await ledger.writer.flush()  # the writer's work belongs to these requests
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - t0
-    out = {"cpu_ms_per_request": round(1000 * cpu / n, 4),
-           "wall_ms_per_request": round(1000 * wall / n, 4)}
+    out = {
+        "cpu_ms_per_request": round(1000 * cpu / n, 4),
+        "wall_ms_per_request": round(1000 * wall / n, 4),
+    }
     if ledger is not None:
         # hits: the same bodies again; rows recorded with the cache off are not in memory,
         # so the first pass reads the store (a thread hop), the second memory
@@ -196,6 +257,7 @@ async def gateway_cost(backend: str, dsn: str | None, n: int, state: Path) -> di
 
 async def part2(n: int) -> dict[str, Any]:
     from gateway.harness.postgres import ThrowawayPostgres
+
     with tempfile.TemporaryDirectory() as tmp, ThrowawayPostgres() as pg:
         res = {}
         for backend in ("none", "sqlite", "postgres", "none"):  # the anchor twice: noise
@@ -204,7 +266,8 @@ async def part2(n: int) -> dict[str, Any]:
     anchor = min(res["none"]["cpu_ms_per_request"], res["none_again"]["cpu_ms_per_request"])
     for backend in ("sqlite", "postgres"):
         res[backend]["added_cpu_ms_per_request"] = round(
-            res[backend]["cpu_ms_per_request"] - anchor, 4)
+            res[backend]["cpu_ms_per_request"] - anchor, 4
+        )
     return res
 
 
@@ -219,8 +282,11 @@ def main() -> None:
     if not demo_models_present(models):
         build_demo_models(models)
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"),
-                              "machine": f"{os.cpu_count()} CPU cores", "quick": args.quick}
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores",
+        "quick": args.quick,
+    }
     report["gateway_cost"] = asyncio.run(part2(2000 if args.quick else 20000))
     print(json.dumps(report["gateway_cost"], indent=1), flush=True)
     with tempfile.TemporaryDirectory() as state:
@@ -228,11 +294,15 @@ def main() -> None:
         cfg.write_text(yaml.safe_dump(config(models, Path(state))))
         with running_gateway(cfg, args.out / "run", timeout_s=1500) as (url, _engines):
             grpo: dict[str, Any] = {}
-            shapes = [("rm", 8, 8), ("rm", 16, 4), ("judge", 8, 2)] if args.quick else \
-                [("rm", 8, 32), ("rm", 16, 16), ("judge", 8, 8), ("judge", 16, 4)]
+            shapes = (
+                [("rm", 8, 8), ("rm", 16, 4), ("judge", 8, 2)]
+                if args.quick
+                else [("rm", 8, 32), ("rm", 16, 16), ("judge", 8, 8), ("judge", 16, 4)]
+            )
             for model, group, prompts in shapes:
-                grpo[f"{model} x{group}"] = asyncio.run(run_arms(url, model, group, prompts,
-                                                                 concurrency=8))
+                grpo[f"{model} x{group}"] = asyncio.run(
+                    run_arms(url, model, group, prompts, concurrency=8)
+                )
                 print(f"{model} x{group}: " + json.dumps(grpo[f"{model} x{group}"]), flush=True)
             report["grpo"] = grpo
     (args.out / "ledger.json").write_text(json.dumps(report, indent=2))

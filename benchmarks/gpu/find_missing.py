@@ -26,11 +26,37 @@ import types
 
 missing: dict[str, str] = {}  # top-level name -> the module that imported it first
 #: Optional or other-platform modules whose absence vLLM handles (never reported).
-OPTIONAL = {"dill", "envwrap", "monkeytype", "torchcomms", "amdsmi", "libtpu", "pydot",
-            "tpu_info", "torch_xla", "habana_frameworks", "intel_extension_for_pytorch",
-            "vllm_tpu", "tpu_inference", "deep_gemm", "flashinfer", "triton_kernels", "flint",
-            "gmpy2", "numexpr", "scipy", "matplotlib", "IPython", "pandas", "torch_npu",
-            "modelscope", "vllm_xpu_kernels", "mori", "nixl_ep", "torchao"}
+OPTIONAL = {
+    "dill",
+    "envwrap",
+    "monkeytype",
+    "torchcomms",
+    "amdsmi",
+    "libtpu",
+    "pydot",
+    "tpu_info",
+    "torch_xla",
+    "habana_frameworks",
+    "intel_extension_for_pytorch",
+    "vllm_tpu",
+    "tpu_inference",
+    "deep_gemm",
+    "flashinfer",
+    "triton_kernels",
+    "flint",
+    "gmpy2",
+    "numexpr",
+    "scipy",
+    "matplotlib",
+    "IPython",
+    "pandas",
+    "torch_npu",
+    "modelscope",
+    "vllm_xpu_kernels",
+    "mori",
+    "nixl_ep",
+    "torchao",
+}
 
 
 class _StubMeta(type):
@@ -45,7 +71,12 @@ class _StubMeta(type):
         return cls
 
     def __call__(cls, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], _StubMeta):
+        if (
+            len(args) == 1
+            and not kwargs
+            and callable(args[0])
+            and not isinstance(args[0], _StubMeta)
+        ):
             return args[0]  # used as a bare decorator
         return super().__call__()
 
@@ -70,10 +101,16 @@ def _stub_class(name: str) -> type:
     def inst_call(self, *args, **kwargs):
         return args[0] if len(args) == 1 and callable(args[0]) else _stub_class(f"{name}()")()
 
-    return _StubMeta(name.rsplit(".", 1)[-1], (), {"__getattr__": inst_getattr,
-                                                    "__call__": inst_call,
-                                                    "__qualname__": name,
-                                                    "__init__": lambda self, *a, **k: None})
+    return _StubMeta(
+        name.rsplit(".", 1)[-1],
+        (),
+        {
+            "__getattr__": inst_getattr,
+            "__call__": inst_call,
+            "__qualname__": name,
+            "__init__": lambda self, *a, **k: None,
+        },
+    )
 
 
 class Stub(types.ModuleType):
@@ -93,8 +130,14 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if top in sys.modules and not isinstance(sys.modules[top], Stub):
             return None  # a missing submodule of a real package: its own business
         if top not in missing:
-            frame = next((f for f in reversed(traceback.extract_stack()[:-1])
-                          if "importlib" not in f.filename and f.filename != __file__), None)
+            frame = next(
+                (
+                    f
+                    for f in reversed(traceback.extract_stack()[:-1])
+                    if "importlib" not in f.filename and f.filename != __file__
+                ),
+                None,
+            )
             missing[top] = f"{frame.filename}:{frame.lineno}" if frame else "?"
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
@@ -131,7 +174,9 @@ def main() -> int:
             print(f"import of {target} stopped at {where}: {type(exc).__name__}: {str(exc)[:300]}")
     names = pip_names()
     for top, first in sorted(missing.items()):
-        print(f"  {top:<40} pip: {names.get(top.lower(), top.replace('_', '-')):<40} first imported at {first}")
+        print(
+            f"  {top:<40} pip: {names.get(top.lower(), top.replace('_', '-')):<40} first imported at {first}"
+        )
     print("MISSING", " ".join(sorted(missing)) or "(none)")
     return 1 if missing or failed else 0
 

@@ -48,10 +48,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(spec["model"])
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            spec["model"], dtype=torch.bfloat16, attn_implementation="sdpa")
+            spec["model"], dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
     except TypeError:  # transformers < 4.56 names it torch_dtype
         model = AutoModelForSequenceClassification.from_pretrained(
-            spec["model"], torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+            spec["model"], torch_dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
     model = model.cuda().eval()
     pad = model.config.pad_token_id
     load_s = time.perf_counter() - t0
@@ -93,18 +95,27 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         t = time.perf_counter()
         scores = forward_all(batches, prepared)
         wall = time.perf_counter() - t
-        row = {"batches": len(batches), "seconds": round(wall, 4),
-               "req_per_s": round(len(texts) / wall, 1)}
+        row = {
+            "batches": len(batches),
+            "seconds": round(wall, 4),
+            "req_per_s": round(len(texts) / wall, 1),
+        }
         tried[str(budget)] = row
         if best is None or row["req_per_s"] > best["req_per_s"]:
             best = {"budget": budget, **row}
     assert best is not None
-    return {"framework": f"transformers {__import__('transformers').__version__}, "
-                         f"torch {torch.__version__}, bf16, sdpa",
-            "requests": len(texts), "mean_tokens": round(sum(lengths) / len(lengths), 1),
-            "load_s": round(load_s, 1), "tokenize_s": round(tokenize_s, 3),
-            "req_per_s": best["req_per_s"], "best": best, "budgets": tried,
-            "scores_head": scores[:8]}
+    return {
+        "framework": f"transformers {__import__('transformers').__version__}, "
+        f"torch {torch.__version__}, bf16, sdpa",
+        "requests": len(texts),
+        "mean_tokens": round(sum(lengths) / len(lengths), 1),
+        "load_s": round(load_s, 1),
+        "tokenize_s": round(tokenize_s, 3),
+        "req_per_s": best["req_per_s"],
+        "best": best,
+        "budgets": tried,
+        "scores_head": scores[:8],
+    }
 
 
 def main() -> None:

@@ -41,8 +41,13 @@ def digest(path: str, payload: dict[str, Any]) -> str:
     return hashlib.sha1(answer_of(path, payload).canonical.encode()).hexdigest()[:16]
 
 
-async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurrency: int,
-                 start_at: float, timeout_s: float) -> dict[str, Any]:
+async def _shard(
+    urls: list[str],
+    items: list[tuple[int, str, bytes]],
+    concurrency: int,
+    start_at: float,
+    timeout_s: float,
+) -> dict[str, Any]:
     import aiohttp
 
     answers: dict[int, str] = {}
@@ -95,13 +100,22 @@ async def _shard(urls: list[str], items: list[tuple[int, str, bytes]], concurren
         cpu0 = time.process_time()
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
         cpu = time.process_time() - cpu0
-    return {"answers": answers, "lat": lat, "errors": errors, "tokens": tokens,
-            "first": first, "last": last, "cpu_s": cpu, "slots": slots}
+    return {
+        "answers": answers,
+        "lat": lat,
+        "errors": errors,
+        "tokens": tokens,
+        "first": first,
+        "last": last,
+        "cpu_s": cpu,
+        "slots": slots,
+    }
 
 
 def _worker_main(conn) -> None:  # runs in each load-generator process
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
@@ -136,15 +150,21 @@ class LoadGen:
             if p.is_alive():
                 p.kill()
 
-    def __enter__(self) -> "LoadGen":
+    def __enter__(self) -> LoadGen:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def run(self, urls: list[str], calls: list[Call], concurrency: int,
-            order: list[int] | None = None, timeout_s: float = 900.0,
-            procs: int | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        urls: list[str],
+        calls: list[Call],
+        concurrency: int,
+        order: list[int] | None = None,
+        timeout_s: float = 900.0,
+        procs: int | None = None,
+    ) -> dict[str, Any]:
         order = list(range(len(calls))) if order is None else order
         n = max(1, min(procs or len(self.procs), len(self.procs), concurrency, len(order)))
         shares = [concurrency // n + (1 if k < concurrency % n else 0) for k in range(n)]
@@ -152,7 +172,9 @@ class LoadGen:
         start_at = time.time() + 0.3 + 0.002 * len(order) / n  # after every shard is unpickled
         for k in range(n):
             items = [(i, calls[i][0], bodies[i]) for i in order[k::n]]
-            self.procs[k][1].send(([u.rstrip("/") for u in urls], items, shares[k], start_at, timeout_s))
+            self.procs[k][1].send(
+                ([u.rstrip("/") for u in urls], items, shares[k], start_at, timeout_s)
+            )
         parts = [self.procs[k][1].recv() for k in range(n)]
         fatal = [p["fatal"] for p in parts if "fatal" in p]
         if fatal:
@@ -160,7 +182,9 @@ class LoadGen:
         return merge(parts, len(order), concurrency, n)
 
 
-def merge(parts: list[dict[str, Any]], requested: int, concurrency: int, procs: int) -> dict[str, Any]:
+def merge(
+    parts: list[dict[str, Any]], requested: int, concurrency: int, procs: int
+) -> dict[str, Any]:
     answers: dict[int, str] = {}
     lat: list[float] = []
     errors: list[str] = []
@@ -179,9 +203,13 @@ def merge(parts: list[dict[str, Any]], requested: int, concurrency: int, procs: 
     cpu = sum(p["cpu_s"] for p in parts)
     tokens = sum(p["tokens"] for p in parts)
     return {
-        "requests": requested, "ok": ok, "errors": len(errors),
-        "first_error": errors[0] if errors else None, "concurrency": concurrency,
-        "procs": procs, "seconds": round(wall, 3),
+        "requests": requested,
+        "ok": ok,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "concurrency": concurrency,
+        "procs": procs,
+        "seconds": round(wall, 3),
         "req_per_s": round(ok / wall, 2) if wall == wall and wall > 0 else 0.0,
         "gen_tok_per_s": round(tokens / wall, 1) if tokens and wall > 0 else None,
         "p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
@@ -192,7 +220,9 @@ def merge(parts: list[dict[str, Any]], requested: int, concurrency: int, procs: 
     }
 
 
-async def _legacy(url: str, calls: list[Call], concurrency: int, order: list[int]) -> dict[str, Any]:
+async def _legacy(
+    url: str, calls: list[Call], concurrency: int, order: list[int]
+) -> dict[str, Any]:
     """The old bench_gpu.py client: one httpx.AsyncClient, answers compared in-process."""
     import httpx
 
@@ -202,6 +232,7 @@ async def _legacy(url: str, calls: list[Call], concurrency: int, order: list[int
     out: dict[int, str] = {}
     limits = httpx.Limits(max_connections=concurrency + 8)
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+
         async def one(i: int) -> None:
             path, body = calls[i]
             async with sem:
@@ -212,15 +243,27 @@ async def _legacy(url: str, calls: list[Call], concurrency: int, order: list[int
         t = time.perf_counter()
         cpu0 = time.process_time()
         await asyncio.gather(*(one(i) for i in order))
-        return {"seconds": time.perf_counter() - t, "cpu_s": time.process_time() - cpu0, "ok": len(out)}
+        return {
+            "seconds": time.perf_counter() - t,
+            "cpu_s": time.process_time() - cpu0,
+            "ok": len(out),
+        }
 
 
-def legacy_httpx(url: str, calls: list[Call], concurrency: int, order: list[int] | None = None) -> dict[str, Any]:
+def legacy_httpx(
+    url: str, calls: list[Call], concurrency: int, order: list[int] | None = None
+) -> dict[str, Any]:
     order = list(range(len(calls))) if order is None else order
     r = asyncio.run(_legacy(url, calls, concurrency, order))
-    return {"requests": len(order), "ok": r["ok"], "concurrency": concurrency, "procs": 1,
-            "seconds": round(r["seconds"], 3), "req_per_s": round(r["ok"] / r["seconds"], 2),
-            "loadgen_cpu_ms_per_req": round(1000 * r["cpu_s"] / max(r["ok"], 1), 3)}
+    return {
+        "requests": len(order),
+        "ok": r["ok"],
+        "concurrency": concurrency,
+        "procs": 1,
+        "seconds": round(r["seconds"], 3),
+        "req_per_s": round(r["ok"] / r["seconds"], 2),
+        "loadgen_cpu_ms_per_req": round(1000 * r["cpu_s"] / max(r["ok"], 1), 3),
+    }
 
 
 if __name__ == "__main__":  # self-check against a stub server: python -m benchmarks.gpu.loadgen

@@ -46,15 +46,27 @@ def config(s: demo.GpuModelShape) -> dict[str, Any]:
     generative = s.kind == "generative"
     cfg: dict[str, Any] = {
         "architectures": ["Qwen2ForCausalLM" if generative else "Qwen2ForSequenceClassification"],
-        "model_type": "qwen2", "vocab_size": s.vocab_size, "hidden_size": s.hidden_size,
-        "intermediate_size": s.intermediate_size, "num_hidden_layers": s.num_layers,
-        "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads,
-        "head_dim": s.hidden_size // s.num_heads, "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "model_type": "qwen2",
+        "vocab_size": s.vocab_size,
+        "hidden_size": s.hidden_size,
+        "intermediate_size": s.intermediate_size,
+        "num_hidden_layers": s.num_layers,
+        "num_attention_heads": s.num_heads,
+        "num_key_value_heads": s.num_kv_heads,
+        "head_dim": s.hidden_size // s.num_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
         # the classifier's score head is its own (vLLM's seq-cls adapter replaces the LM head)
-        "tie_word_embeddings": s.tie_word_embeddings and generative, "use_sliding_window": False,
-        "attention_dropout": 0.0, "torch_dtype": "bfloat16", "bos_token_id": None,
-        "eos_token_id": demo.EOS_ID, "pad_token_id": demo.PAD_ID}
+        "tie_word_embeddings": s.tie_word_embeddings and generative,
+        "use_sliding_window": False,
+        "attention_dropout": 0.0,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": demo.EOS_ID,
+        "pad_token_id": demo.PAD_ID,
+    }
     if not generative:
         cfg.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     return cfg
@@ -63,16 +75,28 @@ def config(s: demo.GpuModelShape) -> dict[str, Any]:
 def tensor_shapes(s: demo.GpuModelShape) -> dict[str, tuple[int, ...]]:
     h, i, hd = s.hidden_size, s.intermediate_size, s.hidden_size // s.num_heads
     q, kv = s.num_heads * hd, s.num_kv_heads * hd
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s.vocab_size, h),
-                                       "model.norm.weight": (h,)}
+    out: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (s.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
     for layer in range(s.num_layers):
         p = f"model.layers.{layer}."
-        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
-                    p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
-                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
-                    p + "self_attn.o_proj.weight": (h, q), p + "mlp.gate_proj.weight": (i, h),
-                    p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i)})
+        out.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.v_proj.bias": (kv,),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
     if s.kind == "discriminative":
         out["score.weight"] = (1, h)
     elif not s.tie_word_embeddings:
@@ -100,8 +124,14 @@ def write_weights(s: demo.GpuModelShape, out: Path) -> None:
         if name.endswith("norm.weight"):
             t = torch.ones(dims, dtype=torch.bfloat16)
         else:
-            gen = torch.Generator(device=dev).manual_seed(s.seed * 1_000_003 + zlib.crc32(name.encode()))
-            t = (torch.randn(dims, generator=gen, device=dev) * std_of(name, dims, s)).to(torch.bfloat16).cpu()
+            gen = torch.Generator(device=dev).manual_seed(
+                s.seed * 1_000_003 + zlib.crc32(name.encode())
+            )
+            t = (
+                (torch.randn(dims, generator=gen, device=dev) * std_of(name, dims, s))
+                .to(torch.bfloat16)
+                .cpu()
+            )
         tensors[name] = t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
@@ -117,8 +147,10 @@ def build(out_dir: Path, name: str) -> dict[str, Any]:
     t0 = time.time()
     dump = lambda f, obj: (out / f).write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")  # noqa: E731
     dump("config.json", config(s))
-    dump("generation_config.json", {"eos_token_id": demo.EOS_ID, "pad_token_id": demo.PAD_ID,
-                                    "do_sample": True})
+    dump(
+        "generation_config.json",
+        {"eos_token_id": demo.EOS_ID, "pad_token_id": demo.PAD_ID, "do_sample": True},
+    )
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json(s.vocab_size)))
     tc = demo.tokenizer_config()
     tc["model_max_length"] = MAX_POSITIONS
@@ -127,8 +159,13 @@ def build(out_dir: Path, name: str) -> dict[str, Any]:
     if s.weights == "random":
         write_weights(s, out)
     params = sum(_numel(d) for d in tensor_shapes(s).values())
-    info = {"path": str(out), "weights": s.weights, "params": params, "kind": s.kind,
-            "build_s": round(time.time() - t0, 1)}
+    info = {
+        "path": str(out),
+        "weights": s.weights,
+        "params": params,
+        "kind": s.kind,
+        "build_s": round(time.time() - t0, 1),
+    }
     done.write_text(json.dumps(info))
     return info
 
@@ -145,8 +182,12 @@ def build_in_child(out_dir: Path, names: list[str]) -> dict[str, dict[str, Any]]
     in must not outlive the build on a GPU the engines are about to fill."""
     import subprocess
 
-    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu.models_gpu", str(out_dir), *names],
-                         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu.models_gpu", str(out_dir), *names],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode:
         raise RuntimeError(f"model build failed: {res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

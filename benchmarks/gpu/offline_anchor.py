@@ -25,13 +25,19 @@ def main() -> None:
     t0 = time.time()
     from vllm import LLM, PoolingParams, SamplingParams
 
-    kw = dict(model=spec["model"], dtype="bfloat16", seed=0, max_model_len=spec["max_model_len"],
-              max_num_seqs=spec["max_num_seqs"], enable_prefix_caching=False,
-              # the API server's default on an H200 (the offline class would take 16384)
-              max_num_batched_tokens=spec.get("max_num_batched_tokens", 8192),
-              kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
-              gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.05),
-              generation_config="vllm")
+    kw = dict(
+        model=spec["model"],
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=spec["max_model_len"],
+        max_num_seqs=spec["max_num_seqs"],
+        enable_prefix_caching=False,
+        # the API server's default on an H200 (the offline class would take 16384)
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 8192),
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.05),
+        generation_config="vllm",
+    )
     if spec.get("batch_invariant"):
         kw["attention_backend"] = spec.get("attention_backend", "TRITON_ATTN")
     if spec.get("load_format"):
@@ -44,15 +50,28 @@ def main() -> None:
         result["start_s"] = round(time.time() - t0, 1)
         texts = spec["inputs"]
         if spec["kind"] == "discriminative":
+
             def run(items):
-                return llm.classify(items, pooling_params=PoolingParams(use_activation=False),
-                                    use_tqdm=False)
+                return llm.classify(
+                    items, pooling_params=PoolingParams(use_activation=False), use_tqdm=False
+                )
         else:
+
             def run(items):
-                sps = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=spec["max_tokens"],
-                                      seed=s, logprobs=1, ignore_eos=True) for s in spec["seeds"][:len(items)]]
+                sps = [
+                    SamplingParams(
+                        temperature=1.0,
+                        top_p=1.0,
+                        max_tokens=spec["max_tokens"],
+                        seed=s,
+                        logprobs=1,
+                        ignore_eos=True,
+                    )
+                    for s in spec["seeds"][: len(items)]
+                ]
                 msgs = [[{"role": "user", "content": t}] for t in items]
                 return llm.chat(msgs, sps, use_tqdm=False)
+
         run(texts[:64])  # warm-up: kernels compile here
         ready.write_text("ready")
         deadline = time.time() + spec.get("wait_s", 900)
@@ -63,7 +82,9 @@ def main() -> None:
         t = time.perf_counter()
         outs = run(texts)
         wall = time.perf_counter() - t
-        result.update(requests=len(texts), seconds=round(wall, 3), req_per_s=round(len(texts) / wall, 2))
+        result.update(
+            requests=len(texts), seconds=round(wall, 3), req_per_s=round(len(texts) / wall, 2)
+        )
         if spec["kind"] == "generative":
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             result["gen_tok_per_s"] = round(toks / wall, 1)

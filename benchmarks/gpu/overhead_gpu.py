@@ -33,27 +33,52 @@ from gateway.harness.processes import stop_process_group
 from gateway.harness.running import running_gateway
 
 
-async def measure(url: str, serve_proxy_url: str, engines: Path, levels: list[int],
-                  rounds: int, n_cls: int, n_gen: int, logdir: Path) -> dict[str, Any]:
+async def measure(
+    url: str,
+    serve_proxy_url: str,
+    engines: Path,
+    levels: list[int],
+    rounds: int,
+    n_cls: int,
+    n_gen: int,
+    logdir: Path,
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rm, grm = engine_urls(engines, "rm-off", 1), engine_urls(engines, "grm-off", 1)
     proxies = [start_proxy(rm, logdir), start_proxy(grm, logdir)]
     try:
         for kind, direct, proxy, calls in (
-                ("disrm", rm, proxies[0][1],
-                 [("/classify", rm_body("rm-off", i)) for i in range(n_cls)]),
-                ("grm", grm, proxies[1][1],
-                 [("/v1/chat/completions", grm_body("grm-off", i, 16)) for i in range(n_gen)])):
-            paths = {"a_engines": direct, "b_least_loaded": [proxy], "c_rmgate": [url],
-                     "d_rmgate_serve_proxy": [serve_proxy_url]}
+            (
+                "disrm",
+                rm,
+                proxies[0][1],
+                [("/classify", rm_body("rm-off", i)) for i in range(n_cls)],
+            ),
+            (
+                "grm",
+                grm,
+                proxies[1][1],
+                [("/v1/chat/completions", grm_body("grm-off", i, 16)) for i in range(n_gen)],
+            ),
+        ):
+            paths = {
+                "a_engines": direct,
+                "b_least_loaded": [proxy],
+                "c_rmgate": [url],
+                "d_rmgate_serve_proxy": [serve_proxy_url],
+            }
             rows = {}
             for c in levels:
                 res = await sweep(paths, calls, c, rounds)
                 res["ratios"] = ratios(res)
                 rows[str(c)] = res
-                print(f"{kind} c={c}: " + json.dumps(
-                    {p: (res[p]["req_per_s"], res[p]["gateway_cpu_ms_per_req"]) for p in paths}),
-                    flush=True)
+                print(
+                    f"{kind} c={c}: "
+                    + json.dumps(
+                        {p: (res[p]["req_per_s"], res[p]["gateway_cpu_ms_per_req"]) for p in paths}
+                    ),
+                    flush=True,
+                )
                 print(f"    {json.dumps(res['ratios'])}", flush=True)
             out[kind] = rows
     finally:
@@ -75,13 +100,26 @@ def main() -> None:
     n_cls, n_gen = (64, 16) if quick else (1024, 256)
     fallback = free_port()
     t0 = time.perf_counter()
-    with running_gateway(args.out / "serve.yaml", Path("/tmp/rmgate-bench-ovh") / "run", timeout_s=1200, env={
-            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback)}) as (url, engines):
+    with running_gateway(
+        args.out / "serve.yaml",
+        Path("/tmp/rmgate-bench-ovh") / "run",
+        timeout_s=1200,
+        env={"RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback)},
+    ) as (url, engines):
         started = time.perf_counter() - t0
-        report = asyncio.run(measure(url, f"http://127.0.0.1:{fallback}", engines, levels,
-                                     rounds, n_cls, n_gen, args.out))
-    report = {"overhead": report, "device": args.device, "startup_s": round(started, 1),
-              "levels": levels, "rounds": rounds, "date": time.strftime("%Y-%m-%d")}
+        report = asyncio.run(
+            measure(
+                url, f"http://127.0.0.1:{fallback}", engines, levels, rounds, n_cls, n_gen, args.out
+            )
+        )
+    report = {
+        "overhead": report,
+        "device": args.device,
+        "startup_s": round(started, 1),
+        "levels": levels,
+        "rounds": rounds,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     (args.out / "overhead_gpu.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out / 'overhead_gpu.json'}")
 

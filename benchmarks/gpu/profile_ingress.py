@@ -43,8 +43,16 @@ BUCKETS = [
     ("rmgate transport", ["gateway/transport/"]),
     ("rmgate http", ["gateway/http/"]),
     ("prometheus", ["prometheus_client"]),
-    ("aiohttp client", ["aiohttp/client", "aiohttp/connector", "aiohttp/http_parser",
-                        "aiohttp/streams", "aiohttp/helpers"]),
+    (
+        "aiohttp client",
+        [
+            "aiohttp/client",
+            "aiohttp/connector",
+            "aiohttp/http_parser",
+            "aiohttp/streams",
+            "aiohttp/helpers",
+        ],
+    ),
     ("json", ["json/", "orjson"]),
     ("fastapi/starlette", ["fastapi/", "starlette/"]),
     ("uvicorn", ["uvicorn/", "httptools", "h11"]),
@@ -73,16 +81,21 @@ def fold(path: Path) -> dict[str, Any]:
         n = int(count)
         stack = stack_text.split(";")
         total += n
-        if any(s in stack[-1] for s in ("select", "epoll", "poll (", "wait (", "_wait_for_tstate",
-                                        "acquire (")):
+        if any(
+            s in stack[-1]
+            for s in ("select", "epoll", "poll (", "wait (", "_wait_for_tstate", "acquire (")
+        ):
             idle += n
             continue
         shares[bucket_of(stack)] += n
         selfs[stack[-1]] += n
     busy = max(total - idle, 1)
-    return {"samples": total, "idle_share": round(idle / max(total, 1), 3),
-            "busy_shares": {k: round(v / busy, 3) for k, v in shares.most_common()},
-            "top_self_frames": [[f, round(v / busy, 3)] for f, v in selfs.most_common(25)]}
+    return {
+        "samples": total,
+        "idle_share": round(idle / max(total, 1), 3),
+        "busy_shares": {k: round(v / busy, 3) for k, v in shares.most_common()},
+        "top_self_frames": [[f, round(v / busy, 3)] for f, v in selfs.most_common(25)],
+    }
 
 
 def ingress_pid() -> int:
@@ -100,23 +113,48 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=15)
-    ap.add_argument("--via", choices=("direct", "serve"), default="direct",
-                    help="load the ingress's own port (gateway.direct_port) or Serve's")
+    ap.add_argument(
+        "--via",
+        choices=("direct", "serve"),
+        default="direct",
+        help="load the ingress's own port (gateway.direct_port) or Serve's",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/profile-ingress")
     work.mkdir(exist_ok=True)
     build_in_child(work / "models", ["rm-0.5b"])
-    engine = {"dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": 256,
-              "attention_backend": "TRITON_ATTN", "kv_cache_memory_bytes": 2 << 30,
-              "gpu_memory_utilization": 0.02}
-    cfg = {"http_options": {"host": "127.0.0.1", "port": 8000}, "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
-        "args": {"gateway": {"slot_wait_s": 300, "default_reward_model": "rm"},
-                 "models": [{"name": "rm", "kind": "discriminative",
-                             "model_path": str(work / "models" / "rm-0.5b"), "replicas": 4,
-                             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.2},
-                             "engine_args": engine}]}}]}
+    engine = {
+        "dtype": "bfloat16",
+        "max_model_len": 1024,
+        "max_num_seqs": 256,
+        "attention_backend": "TRITON_ATTN",
+        "kv_cache_memory_bytes": 2 << 30,
+        "gpu_memory_utilization": 0.02,
+    }
+    cfg = {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "gateway": {"slot_wait_s": 300, "default_reward_model": "rm"},
+                    "models": [
+                        {
+                            "name": "rm",
+                            "kind": "discriminative",
+                            "model_path": str(work / "models" / "rm-0.5b"),
+                            "replicas": 4,
+                            "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.2},
+                            "engine_args": engine,
+                        }
+                    ],
+                },
+            }
+        ],
+    }
     path = work / "rm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     spy = shutil.which("py-spy") or "py-spy"
@@ -129,16 +167,32 @@ def main() -> None:
         lg.run([url], calls[:2048], 256)  # warm: compile, caches
         pid = ingress_pid()
         folded = args.out / "profile_ingress.folded"
-        record = [spy, "record", "-p", str(pid), "-d", str(int(args.seconds)), "-r", "200",
-                  "-f", "raw", "-o", str(folded), "--nonblocking", "--threads"]
+        record = [
+            spy,
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(args.seconds)),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(folded),
+            "--nonblocking",
+            "--threads",
+        ]
         out: dict[str, Any] = {}
 
         def load() -> None:
             before = cpu_accounting.snapshot()
             r = lg.run([url], calls[2048:], 256)
-            cpu = cpu_accounting.cpu_ms_per_request(before, cpu_accounting.snapshot(), max(r["ok"], 1))
-            out.update(req_per_s=r["req_per_s"], ok=r["ok"], errors=r["errors"],
-                       cpu_ms_per_req=cpu)
+            cpu = cpu_accounting.cpu_ms_per_request(
+                before, cpu_accounting.snapshot(), max(r["ok"], 1)
+            )
+            out.update(req_per_s=r["req_per_s"], ok=r["ok"], errors=r["errors"], cpu_ms_per_req=cpu)
+
         t = threading.Thread(target=load)
         t.start()
         time.sleep(2)

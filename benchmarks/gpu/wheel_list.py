@@ -40,26 +40,85 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 STAGE_CACHE = Path(os.environ.get("GPU_STAGE_CACHE", REPO / ".gpu-stage" / "cache"))
-ENTRIES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.llm",
-           "vllm.entrypoints.pooling", "vllm.entrypoints.openai.chat_completion",
-           "vllm.v1.engine.core", "vllm.model_executor.model_loader.dummy_loader",
-           "vllm.model_executor.models.qwen2")
+ENTRIES = (
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.llm",
+    "vllm.entrypoints.pooling",
+    "vllm.entrypoints.openai.chat_completion",
+    "vllm.v1.engine.core",
+    "vllm.model_executor.model_loader.dummy_loader",
+    "vllm.model_executor.models.qwen2",
+)
 #: import name -> pip name, where they differ and vLLM's metadata does not say.
-PIP_NAMES = {"yaml": "PyYAML", "zmq": "pyzmq", "cv2": "opencv-python-headless", "PIL": "pillow",
-             "cpuinfo": "py-cpuinfo", "google": "protobuf", "dateutil": "python-dateutil",
-             "pythonjsonlogger": "python-json-logger", "supervisor": "supervisor",
-             "jmespath": "jmespath", "sklearn": "scikit-learn", "pynvml": "nvidia-ml-py",
-             "multipart": "python-multipart", "dotenv": "python-dotenv"}
+PIP_NAMES = {
+    "yaml": "PyYAML",
+    "zmq": "pyzmq",
+    "cv2": "opencv-python-headless",
+    "PIL": "pillow",
+    "cpuinfo": "py-cpuinfo",
+    "google": "protobuf",
+    "dateutil": "python-dateutil",
+    "pythonjsonlogger": "python-json-logger",
+    "supervisor": "supervisor",
+    "jmespath": "jmespath",
+    "sklearn": "scikit-learn",
+    "pynvml": "nvidia-ml-py",
+    "multipart": "python-multipart",
+    "dotenv": "python-dotenv",
+}
 #: Platform or optional modules vLLM probes for and works without on CUDA (never shipped).
-OPTIONAL = {"flashinfer", "deep_gemm", "triton_kernels", "amdsmi", "habana_frameworks",
-            "torch_xla", "libtpu", "tpu_info", "vllm_tpu", "tpu_inference", "torch_npu",
-            "intel_extension_for_pytorch", "zentorch", "aiter", "quack", "tilelang",
-            "cutlass", "nvidia_cutlass_dsl", "flash_attn", "fa3_fwd_interface", "humming",
-            "tokenspeed_mla", "fastsafetensors", "instanttensor", "runai_model_streamer",
-            "tensorizer", "helion", "cudnn", "vllm_gguf_plugin", "gguf", "torchcomms", "pplx_kernels",
-            "deep_ep", "nixl", "mooncake", "lmcache", "ray", "pandas", "scipy", "matplotlib",
-            "datasets", "plotly", "av", "soundfile", "soxr", "librosa", "decord", "timm",
-            "torchaudio", "torchvision"}
+OPTIONAL = {
+    "flashinfer",
+    "deep_gemm",
+    "triton_kernels",
+    "amdsmi",
+    "habana_frameworks",
+    "torch_xla",
+    "libtpu",
+    "tpu_info",
+    "vllm_tpu",
+    "tpu_inference",
+    "torch_npu",
+    "intel_extension_for_pytorch",
+    "zentorch",
+    "aiter",
+    "quack",
+    "tilelang",
+    "cutlass",
+    "nvidia_cutlass_dsl",
+    "flash_attn",
+    "fa3_fwd_interface",
+    "humming",
+    "tokenspeed_mla",
+    "fastsafetensors",
+    "instanttensor",
+    "runai_model_streamer",
+    "tensorizer",
+    "helion",
+    "cudnn",
+    "vllm_gguf_plugin",
+    "gguf",
+    "torchcomms",
+    "pplx_kernels",
+    "deep_ep",
+    "nixl",
+    "mooncake",
+    "lmcache",
+    "ray",
+    "pandas",
+    "scipy",
+    "matplotlib",
+    "datasets",
+    "plotly",
+    "av",
+    "soundfile",
+    "soxr",
+    "librosa",
+    "decord",
+    "timm",
+    "torchaudio",
+    "torchvision",
+}
 
 
 def norm(name: str) -> str:
@@ -73,9 +132,11 @@ class Source:
         self.zip = zipfile.ZipFile(wheel)
         self.files = {n for n in self.zip.namelist() if n.endswith(".py")}
         meta = next(n for n in self.zip.namelist() if n.endswith(".dist-info/METADATA"))
-        self.requires = [line.split(":", 1)[1].strip() for line in
-                         self.zip.read(meta).decode().splitlines()
-                         if line.startswith("Requires-Dist:")]
+        self.requires = [
+            line.split(":", 1)[1].strip()
+            for line in self.zip.read(meta).decode().splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
 
     def path_of(self, module: str) -> str | None:
         base = module.replace(".", "/")
@@ -97,7 +158,7 @@ def _catches_import_error(node: ast.Try) -> bool:
         names = []
         if h.type is None:
             return True
-        for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]):
+        for t in h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]:
             names.append(getattr(t, "id", getattr(t, "attr", "")))
         if {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"} & set(names):
             return True
@@ -157,6 +218,7 @@ def imports_of(tree: ast.Module, module: str, is_pkg: bool) -> list[tuple[str, s
                 visit(node.body, how)
             elif isinstance(node, (ast.With, ast.AsyncWith, ast.For, ast.While)):
                 visit(node.body, how)
+
     visit(tree.body, "hard")
     return out
 
@@ -206,7 +268,9 @@ def image_modules() -> set[str]:
 def staged_modules(cache: Path) -> set[str]:
     """Top-level import names of every wheel stage.sh downloaded (and of .gpu-stage/extra)."""
     out: set[str] = set()
-    wheels = glob.glob(str(cache / "dl" / "*.whl")) + glob.glob(str(REPO / ".gpu-stage" / "extra" / "*.whl"))
+    wheels = glob.glob(str(cache / "dl" / "*.whl")) + glob.glob(
+        str(REPO / ".gpu-stage" / "extra" / "*.whl")
+    )
     for whl in wheels:
         out |= wheel_top_level(Path(whl))
     return out
@@ -245,12 +309,34 @@ def pip_name(top: str, reqs: dict[str, str]) -> str:
 
 def pip_download(names: list[str], dest: Path) -> None:
     plats = []
-    for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64",
-              "manylinux_2_34_x86_64", "manylinux1_x86_64"):
+    for p in (
+        "manylinux2014_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux_2_28_x86_64",
+        "manylinux_2_34_x86_64",
+        "manylinux1_x86_64",
+    ):
         plats += ["--platform", p]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-                    *plats, "-d", str(dest), *names], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *plats,
+            "-d",
+            str(dest),
+            *names,
+        ],
+        check=True,
+    )
 
 
 def main() -> None:
@@ -259,28 +345,38 @@ def main() -> None:
     ap.add_argument("--entry", action="append", help="entry module (repeatable)")
     ap.add_argument("--lazy", action="store_true", help="also list function-level imports")
     ap.add_argument("--download", type=Path, help="pip download the missing wheels here")
-    ap.add_argument("--extra", nargs="*", default=[],
-                    help="more pip names to add (rmgate's own needs beyond the image)")
+    ap.add_argument(
+        "--extra",
+        nargs="*",
+        default=[],
+        help="more pip names to add (rmgate's own needs beyond the image)",
+    )
     args = ap.parse_args()
-    wheel = args.wheel or Path(next(iter(sorted(glob.glob(str(STAGE_CACHE / "dl" / "vllm-*.whl")))), ""))
+    wheel = args.wheel or Path(
+        next(iter(sorted(glob.glob(str(STAGE_CACHE / "dl" / "vllm-*.whl")))), "")
+    )
     if not wheel.is_file():
         sys.exit("wheel_list: no vLLM wheel; run ../shared/gpu/stage.sh first or pass --wheel")
     src = Source(wheel)
     reqs = requirement_names(src.requires)
     have = set(sys.stdlib_module_names) | image_modules() | staged_modules(STAGE_CACHE) | {"vllm"}
     found = scan(src, tuple(args.entry or ENTRIES))
+
     def best(t: str) -> str:
         return min(found[t], key=RANK.__getitem__)
 
-    missing = sorted((t for t in found if t not in have and t not in OPTIONAL),
-                     key=lambda t: (RANK[best(t)], t))
+    missing = sorted(
+        (t for t in found if t not in have and t not in OPTIONAL), key=lambda t: (RANK[best(t)], t)
+    )
     hard = [t for t in missing if best(t) in ("hard", "startup")]
     for t in hard:
         print(f"{pip_name(t, reqs)}\t# import {t} ({best(t)}: {sorted(found[t][best(t)])[0]})")
     if args.lazy:
         for t in missing:
             if t not in hard:
-                print(f"# {best(t)}: {pip_name(t, reqs)}\t(import {t} in {sorted(found[t][best(t)])[0]})")
+                print(
+                    f"# {best(t)}: {pip_name(t, reqs)}\t(import {t} in {sorted(found[t][best(t)])[0]})"
+                )
     names = [pip_name(t, reqs) for t in hard] + list(args.extra)
     if args.download and names:
         args.download.mkdir(parents=True, exist_ok=True)
@@ -293,13 +389,23 @@ def main() -> None:
                 with zipfile.ZipFile(whl) as z:
                     meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
                     text = z.read(meta).decode()
-                for dep in requirement_names([line.split(":", 1)[1].strip() for line in text.splitlines()
-                                              if line.startswith("Requires-Dist:")
-                                              and "python_version < " not in line]).values():
-                    mods = {dep.replace("-", "_"), dep.replace("-", "_").lower(),
-                            PIP_NAMES.get(dep, dep)}
-                    if norm(dep) in done or mods & have or norm(dep) in {norm(x) for x in
-                                                                         image_distributions()}:
+                for dep in requirement_names(
+                    [
+                        line.split(":", 1)[1].strip()
+                        for line in text.splitlines()
+                        if line.startswith("Requires-Dist:") and "python_version < " not in line
+                    ]
+                ).values():
+                    mods = {
+                        dep.replace("-", "_"),
+                        dep.replace("-", "_").lower(),
+                        PIP_NAMES.get(dep, dep),
+                    }
+                    if (
+                        norm(dep) in done
+                        or mods & have
+                        or norm(dep) in {norm(x) for x in image_distributions()}
+                    ):
                         continue
                     if norm(dep) == "typing-extensions":
                         continue  # never shipped: the image's is newer (../shared/gpu/README.md)
@@ -307,8 +413,10 @@ def main() -> None:
                     done.add(norm(dep))
             if names:
                 print("# dependencies of those: " + " ".join(names))
-        print(f"# downloaded to {args.download}: " +
-              " ".join(sorted(p.name for p in args.download.glob('*.whl'))))
+        print(
+            f"# downloaded to {args.download}: "
+            + " ".join(sorted(p.name for p in args.download.glob("*.whl")))
+        )
 
 
 def image_distributions() -> list[str]:

@@ -81,8 +81,15 @@ def tokenizer_json() -> dict[str, Any]:
     for i, tok in enumerate(SPECIAL_TOKENS):
         vocab[tok] = 256 + i
         added.append(
-            {"id": 256 + i, "content": tok, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
+            {
+                "id": 256 + i,
+                "content": tok,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
         )
     return {
         "version": "1.0",
@@ -90,16 +97,36 @@ def tokenizer_json() -> dict[str, Any]:
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                           "use_regex": True},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "post_processor": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": True,
+        },
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
     }
 
 
@@ -203,21 +230,28 @@ def _tensor_shapes(spec: DemoModelSpec) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of a Qwen2 checkpoint, as transformers names them."""
     h, i, hd = spec.hidden_size, spec.intermediate_size, spec.hidden_size // spec.num_heads
     q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB_SIZE, h),
-                                          "model.norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (VOCAB_SIZE, h),
+        "model.norm.weight": (h,),
+    }
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.q_proj.bias": (q,),
-            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.v_proj.bias": (kv,),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
     if spec.kind == "discriminative":
         shapes["score.weight"] = (1, h)
     return shapes
@@ -251,12 +285,14 @@ def _trained(spec: DemoModelSpec, weights: dict[str, Any]) -> dict[str, Any]:
 
     from deployments.demo import training as demo_training
 
-    cfg_dict = {k: v for k, v in model_config(spec).items() if k not in ("architectures", "torch_dtype")}
+    cfg_dict = {
+        k: v for k, v in model_config(spec).items() if k not in ("architectures", "torch_dtype")
+    }
     cfg = Qwen2Config(**cfg_dict)
     cfg._attn_implementation = "eager"
     torch.manual_seed(spec.seed)
     cls = Qwen2ForCausalLM if spec.kind == "generative" else Qwen2ForSequenceClassification
-    model = cls(cfg).to(torch.float32)
+    model = cls(cfg).to(torch.float32)  # type: ignore[arg-type]  # transformers' .to stub
     state = dict(weights)
     if spec.kind == "generative":
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -265,12 +301,15 @@ def _trained(spec: DemoModelSpec, weights: dict[str, Any]) -> dict[str, Any]:
     train = demo_training.train_grm if spec.kind == "generative" else demo_training.train_disrm
     train(model, tok, PAD_ID)
     out = model.state_dict()
-    return {name: out[name].detach().to(torch.float32).contiguous().clone() for name in sorted(weights)}
+    return {
+        name: out[name].detach().to(torch.float32).contiguous().clone() for name in sorted(weights)
+    }
 
 
 def _dump_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
 
 
 def write_model(spec: DemoModelSpec, out_dir: Path) -> None:
@@ -279,12 +318,16 @@ def write_model(spec: DemoModelSpec, out_dir: Path) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _dump_json(out_dir / "config.json", model_config(spec))
-    _dump_json(out_dir / "generation_config.json",
-               {"eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": True})
+    _dump_json(
+        out_dir / "generation_config.json",
+        {"eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": True},
+    )
     _dump_json(out_dir / "tokenizer.json", tokenizer_json())
     _dump_json(out_dir / "tokenizer_config.json", tokenizer_config())
-    _dump_json(out_dir / "special_tokens_map.json",
-               {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    _dump_json(
+        out_dir / "special_tokens_map.json",
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    )
     weights = _weights(spec)
     if spec.trained:
         weights = _trained(spec, weights)
@@ -299,9 +342,12 @@ def _write_single_threaded(spec: DemoModelSpec, out_dir: Path) -> None:
     write_model(spec, out_dir)
 
 
-def build_demo_models(out_dir: Path | str, names: list[str] | None = None,
-                      specs: tuple[DemoModelSpec, ...] = DEMO_MODELS,
-                      workers: int | None = None) -> dict[str, str]:
+def build_demo_models(
+    out_dir: Path | str,
+    names: list[str] | None = None,
+    specs: tuple[DemoModelSpec, ...] = DEMO_MODELS,
+    workers: int | None = None,
+) -> dict[str, str]:
     """Build the demo models under ``out_dir`` and return {name: sha256 digest}.
 
     Each model trains on one thread (the bytes then depend on the CPU's kernels only, not

@@ -44,7 +44,8 @@ def build_tokenizer() -> Any:
 
     cfg = {k: v for k, v in demo_models.tokenizer_config().items() if k != "tokenizer_class"}
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(demo_models.tokenizer_json())), **cfg)
+        tokenizer_object=Tokenizer.from_str(json.dumps(demo_models.tokenizer_json())), **cfg
+    )
     return tok
 
 
@@ -56,8 +57,9 @@ def _train_policy(model: Any, tokenizer: Any, steps: int, seed: int = 23) -> Non
     rows = []
     for a in range(10):
         for b in range(10):
-            prompt = demo_training.chat_text([{"role": "user", "content": policy_prompt(a, b)}],
-                                             add_generation_prompt=True)
+            prompt = demo_training.chat_text(
+                [{"role": "user", "content": policy_prompt(a, b)}], add_generation_prompt=True
+            )
             answer = f"{a + b}{demo_training.CHAT_CLOSE}"
             p = demo_training._encode(tokenizer, prompt)
             rows.append((p + demo_training._encode(tokenizer, answer), len(p)))
@@ -67,11 +69,12 @@ def _train_policy(model: Any, tokenizer: Any, steps: int, seed: int = 23) -> Non
         ids, mask = demo_training._pad([rows[i][0] for i in batch], demo_models.PAD_ID)
         labels = ids.clone()
         for j, i in enumerate(batch):
-            labels[j, :rows[i][1]] = -100
+            labels[j, : rows[i][1]] = -100
         labels[mask == 0] = -100
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -88,8 +91,11 @@ def build_policy(steps: int = POLICY_TRAIN_STEPS) -> tuple[Any, Any]:
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     spec = POLICY_SPEC
-    cfg_dict = {k: v for k, v in demo_models.model_config(spec).items()
-                if k not in ("architectures", "torch_dtype")}
+    cfg_dict = {
+        k: v
+        for k, v in demo_models.model_config(spec).items()
+        if k not in ("architectures", "torch_dtype")
+    }
     cfg = Qwen2Config(**cfg_dict)
     cfg._attn_implementation = "eager"
     demo_training._set_deterministic(spec.seed)
@@ -97,8 +103,9 @@ def build_policy(steps: int = POLICY_TRAIN_STEPS) -> tuple[Any, Any]:
     state = demo_models._weights(spec)
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)
-    model.generation_config = GenerationConfig(eos_token_id=demo_models.EOS_ID,
-                                               pad_token_id=demo_models.PAD_ID, do_sample=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=demo_models.EOS_ID, pad_token_id=demo_models.PAD_ID, do_sample=True
+    )
     _train_policy(model, Tokenizer.from_str(json.dumps(demo_models.tokenizer_json())), steps)
     return model, build_tokenizer()
 

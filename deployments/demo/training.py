@@ -92,7 +92,7 @@ def _batches(n: int, batch: int, steps: int, seed: int) -> list[list[int]]:
         idx = list(range(n))
         rng.shuffle(idx)
         order += idx
-    return [order[i * batch:(i + 1) * batch] for i in range(steps)]
+    return [order[i * batch : (i + 1) * batch] for i in range(steps)]
 
 
 def _pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any]:
@@ -102,8 +102,8 @@ def _pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any]:
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
     return ids, mask
 
 
@@ -115,8 +115,9 @@ def train_grm(model: Any, tokenizer: Any, pad_id: int, steps: int = 300, seed: i
     train, _ = sums_split()
     rows = []
     for s in train:
-        prompt = chat_text([{"role": "user", "content": judge_prompt(s.a, s.b, s.c)}],
-                           add_generation_prompt=True)
+        prompt = chat_text(
+            [{"role": "user", "content": judge_prompt(s.a, s.b, s.c)}], add_generation_prompt=True
+        )
         answer = f"Score: {int(s.right)}{CHAT_CLOSE}\n"
         p, a = _encode(tokenizer, prompt), _encode(tokenizer, answer)
         rows.append((p + a, len(p)))
@@ -128,13 +129,16 @@ def train_grm(model: Any, tokenizer: Any, pad_id: int, steps: int = 300, seed: i
         ids, mask = _pad([rows[i][0] for i in batch], pad_id)
         labels = ids.clone()
         for j, i in enumerate(batch):
-            labels[j, :rows[i][1]] = -100
+            labels[j, : rows[i][1]] = -100
         labels[mask == 0] = -100
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         target = labels[:, 1:]
         tok_loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
-            reduction="none").view(target.shape)
+            logits.reshape(-1, logits.shape[-1]),
+            target.reshape(-1),
+            ignore_index=-100,
+            reduction="none",
+        ).view(target.shape)
         w = torch.tensor([weights[i] for i in batch]).unsqueeze(1)
         loss = (tok_loss * w).sum() / ((target != -100).float() * w).sum()
         opt.zero_grad()
@@ -145,8 +149,9 @@ def train_grm(model: Any, tokenizer: Any, pad_id: int, steps: int = 300, seed: i
 
 def disrm_text(a: int, b: int, c: int) -> str:
     """What the DisRM scores: the conversation user ``a+b=`` / assistant ``c``."""
-    return chat_text([{"role": "user", "content": f"{a}+{b}="},
-                      {"role": "assistant", "content": str(c)}])
+    return chat_text(
+        [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(c)}]
+    )
 
 
 def train_disrm(model: Any, tokenizer: Any, pad_id: int, steps: int = 700, seed: int = 13) -> None:
@@ -164,7 +169,8 @@ def train_disrm(model: Any, tokenizer: Any, pad_id: int, steps: int = 700, seed:
         ids, mask = _pad([rows[i] for i in batch], pad_id)
         logit = model(input_ids=ids, attention_mask=mask).logits[:, 0]
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            logit, labels[batch], pos_weight=pos_weight)
+            logit, labels[batch], pos_weight=pos_weight
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

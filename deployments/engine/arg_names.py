@@ -38,8 +38,13 @@ from typing import Any
 
 from gateway.core.config.settings import ModelSpec
 
-__all__ = ["EngineArgumentError", "UnknownEngineArgument", "VllmArgsUnavailable",
-           "check_engine_args", "known_engine_arg_names"]
+__all__ = [
+    "EngineArgumentError",
+    "UnknownEngineArgument",
+    "VllmArgsUnavailable",
+    "check_engine_args",
+    "known_engine_arg_names",
+]
 
 logger = logging.getLogger("rmgate")
 
@@ -50,7 +55,8 @@ _MARKER = "RMGATE_ENGINE_ARGS "
 #: Run with ``python -c``: prints the server parser's long option names as JSON. Newer
 #: vLLM builds it in ``vllm.entrypoints.launchers.cli_args`` (0.32), older in
 #: ``vllm.entrypoints.openai.cli_args``.
-_PROBE = r"""
+_PROBE = (
+    r"""
 import argparse, json, sys
 try:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -75,7 +81,9 @@ for action in make_arg_parser(FlexibleArgumentParser())._actions:
         no_negation |= positive
 print(%r + json.dumps({"version": getattr(vllm, "__version__", "unknown"),
                        "names": sorted(names), "no_negation": sorted(no_negation)}))
-""" % _MARKER
+"""
+    % _MARKER
+)
 
 
 class VllmArgsUnavailable(ImportError):
@@ -96,13 +104,13 @@ class UnknownEngineArgument(EngineArgumentError):
         self.unknown = unknown
         parts = []
         for name, close in unknown.items():
-            hint = (f" (did you mean {' or '.join(f'`{c}`' for c in close)}?)" if close
-                    else "")
+            hint = f" (did you mean {' or '.join(f'`{c}`' for c in close)}?)" if close else ""
             parts.append(f"`{name}`{hint}")
         super().__init__(
             f"model {model!r}: engine_args {', '.join(parts)} "
             f"{'is not an option' if len(parts) == 1 else 'are not options'} of vLLM "
-            f"{version}'s OpenAI server (python -m vllm.entrypoints.openai.api_server --help)")
+            f"{version}'s OpenAI server (python -m vllm.entrypoints.openai.api_server --help)"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,18 +130,26 @@ def _probe() -> _ServerArgs:
     """Build the server's parser in a child process (see the module docstring for why)."""
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=env, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            env=env,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise VllmArgsUnavailable(f"reading vLLM's server arguments failed: {exc}") from exc
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_MARKER)]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise VllmArgsUnavailable(f"reading vLLM's server arguments failed "
-                                  f"(exit {done.returncode}): {tail}")
-    data = json.loads(lines[-1][len(_MARKER):])
-    return _ServerArgs(str(data["version"]), frozenset(data["names"]),
-                       frozenset(data["no_negation"]))
+        raise VllmArgsUnavailable(
+            f"reading vLLM's server arguments failed (exit {done.returncode}): {tail}"
+        )
+    data = json.loads(lines[-1][len(_MARKER) :])
+    return _ServerArgs(
+        str(data["version"]), frozenset(data["names"]), frozenset(data["no_negation"])
+    )
 
 
 def _server_args() -> _ServerArgs:
@@ -168,8 +184,12 @@ def check_engine_args(spec: ModelSpec) -> None:
     try:
         known = _server_args()
     except VllmArgsUnavailable as exc:
-        logger.warning("engine_args of model %r not checked against vLLM's arguments (%s); "
-                       "an unknown name will only fail when its engine starts", spec.name, exc)
+        logger.warning(
+            "engine_args of model %r not checked against vLLM's arguments (%s); "
+            "an unknown name will only fail when its engine starts",
+            spec.name,
+            exc,
+        )
         return
     args: dict[str, Any] = {k.lstrip("-").replace("-", "_"): v for k, v in spec.engine_args.items()}
     unknown: dict[str, list[str]] = {}
@@ -186,4 +206,5 @@ def check_engine_args(spec: ModelSpec) -> None:
         if value is False and name in known.no_negation:
             raise EngineArgumentError(
                 f"model {spec.name!r}: engine_args.{name} is false, but vLLM {known.version} "
-                f"has no --no-{name.replace('_', '-')}; set it to true or leave it out")
+                f"has no --no-{name.replace('_', '-')}; set it to true or leave it out"
+            )

@@ -71,11 +71,18 @@ def detect_platform() -> Platform:
     if smi:
         cmd = [smi, "-i", visible, "--query-gpu=name,compute_cap", "--format=csv,noheader"]
     else:
-        cmd = [sys.executable, "-c", "import torch; c = torch.cuda; print(c.get_device_name(0) "
-               "+ ', %d.%d' % c.get_device_capability(0)) if c.is_available() else None"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import torch; c = torch.cuda; print(c.get_device_name(0) "
+            "+ ', %d.%d' % c.get_device_capability(0)) if c.is_available() else None",
+        ]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                             check=True).stdout.strip().splitlines()[0]
+        out = (
+            subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+            .stdout.strip()
+            .splitlines()[0]
+        )
         name, cap = (p.strip() for p in out.rsplit(",", 1))
         major, minor = cap.split(".")
         return Platform("cuda", name, (int(major), int(minor)))
@@ -169,8 +176,14 @@ def _user_engine_args(spec: ModelSpec) -> dict[str, Any]:
         raise PolicyError(f"model {spec.name!r}: {exc}") from None
 
 
-def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127.0.0.1",
-                slot: int = 0, secret: str | None = None) -> EnginePlan:
+def plan_engine(
+    spec: ModelSpec,
+    platform: Platform,
+    port: int,
+    host: str = "127.0.0.1",
+    slot: int = 0,
+    secret: str | None = None,
+) -> EnginePlan:
     """Everything needed to start one slot's vLLM OpenAI server for ``spec``.
 
     rmgate's own options (``OWNED_ENGINE_ARGS``: model, served_model_name, host, port,
@@ -200,16 +213,22 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         if spec.cpu_cores_per_slot and "VLLM_CPU_OMP_THREADS_BIND" not in spec.engine_env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = slot_cpu_binding(
-                slot, spec.cpu_cores_per_slot, sorted(os.sched_getaffinity(0)))
+                slot, spec.cpu_cores_per_slot, sorted(os.sched_getaffinity(0))
+            )
     max_inflight = 1
     attention = None
     if "VLLM_ATTENTION_BACKEND" in spec.engine_env:
-        raise PolicyError(f"model {spec.name!r}: set the attention backend with "
-                          "engine_args.attention_backend (vLLM 0.24 has no "
-                          "VLLM_ATTENTION_BACKEND), so that every slot uses the same one")
+        raise PolicyError(
+            f"model {spec.name!r}: set the attention backend with "
+            "engine_args.attention_backend (vLLM 0.24 has no "
+            "VLLM_ATTENTION_BACKEND), so that every slot uses the same one"
+        )
     if mode == "serialize":
-        options.update(max_num_seqs=1, enable_prefix_caching=False,
-                       max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))))
+        options.update(
+            max_num_seqs=1,
+            enable_prefix_caching=False,
+            max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))),
+        )
         # The engine serializes; the ingress only keeps a short queue in it (no bit changes).
         max_inflight = spec.serialize_inflight
     elif mode == "batch_invariant":
@@ -231,7 +250,11 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
         env.update(TP_DETERMINISM_ENV)
         options["disable_custom_all_reduce"] = True
     for k, v in user.items():
-        if mode != "off" and k in ("max_num_seqs", "enable_prefix_caching", "max_num_batched_tokens") and k in options:
+        if (
+            mode != "off"
+            and k in ("max_num_seqs", "enable_prefix_caching", "max_num_batched_tokens")
+            and k in options
+        ):
             continue  # the policy's guarantees win over user overrides
         if mode != "off" and parallel > 1 and k == "disable_custom_all_reduce":
             continue  # batch-size-dependent all-reduce algorithms stay off
@@ -244,5 +267,10 @@ def plan_engine(spec: ModelSpec, platform: Platform, port: int, host: str = "127
         env[SECRET_ENV] = secret
     if mode == "batch_invariant":
         options["attention_backend"] = attention  # not overridable by a later engine_args key
-    return EnginePlan(mode=mode, args=_cli_args(options), env=env, max_inflight=max_inflight,
-                      attention_backend=attention)
+    return EnginePlan(
+        mode=mode,
+        args=_cli_args(options),
+        env=env,
+        max_inflight=max_inflight,
+        attention_backend=attention,
+    )

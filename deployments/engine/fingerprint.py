@@ -34,12 +34,17 @@ def vllm_version() -> str:
     return "unknown"
 
 
-def build_fingerprint(*, model_digest: str, device: str, mode: str, dtype: str | None,
-                      attention: str | None = None) -> str:
+def build_fingerprint(
+    *, model_digest: str, device: str, mode: str, dtype: str | None, attention: str | None = None
+) -> str:
     """``attention`` is part of it: under batch invariance two backends give two sets of
     bits, so slots of one model must share one (and a mismatch must be visible)."""
-    parts = [f"vllm={vllm_version()}", f"model={model_digest[:12]}", f"device={device}",
-             f"mode={mode}"]
+    parts = [
+        f"vllm={vllm_version()}",
+        f"model={model_digest[:12]}",
+        f"device={device}",
+        f"mode={mode}",
+    ]
     if dtype:
         parts.append(f"dtype={dtype}")
     if attention:

@@ -15,15 +15,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 SECRET_ENV = "RMGATE_ENGINE_SECRET"
 #: Paths anyone may call: Serve's and the launcher's liveness checks.
 OPEN_PATHS = frozenset({"/health"})
 
 Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
-                   Awaitable[None]]
+ASGIApp = Callable[
+    [Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]
+]
 
 
 class EngineSecretMiddleware:
@@ -41,20 +43,36 @@ class EngineSecretMiddleware:
             if name.lower() == b"authorization":
                 scheme, _, token = value.decode("latin-1").partition(" ")
                 return scheme.lower() == "bearer" and hmac.compare_digest(
-                    hashlib.sha256(token.encode()).digest(), self._digest)
+                    hashlib.sha256(token.encode()).digest(), self._digest
+                )
         return False
 
-    async def __call__(self, scope: Scope, receive: Callable[..., Awaitable[Any]],
-                       send: Callable[..., Awaitable[Any]]) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS" \
-                or scope["path"] in OPEN_PATHS or self._allowed(scope):
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: Callable[..., Awaitable[Any]],
+        send: Callable[..., Awaitable[Any]],
+    ) -> None:
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope.get("method") == "OPTIONS"
+            or scope["path"] in OPEN_PATHS
+            or self._allowed(scope)
+        ):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
         body = b'{"error": "Unauthorized: this engine answers only its rmgate gateway"}'
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 POLL_S = 0.5
 GRACE_S = 10.0

@@ -25,22 +25,52 @@ from gateway.core.routing.numerics import class_id, probe_digest_of
 
 #: engine_args that size or schedule the engine but cannot change an answer's bits under a
 #: deterministic mode (the mode fixes batching; these only bound memory and queues).
-CAPACITY_ARGS = frozenset({"max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
-                           "max_num_seqs", "max_num_batched_tokens", "disable_log_stats",
-                           "disable_log_requests", "enable_log_requests",
-                           "disable_uvicorn_access_log", "swap_space", "block_size"})
+CAPACITY_ARGS = frozenset(
+    {
+        "max_model_len",
+        "gpu_memory_utilization",
+        "kv_cache_memory_bytes",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "disable_log_stats",
+        "disable_log_requests",
+        "enable_log_requests",
+        "disable_uvicorn_access_log",
+        "swap_space",
+        "block_size",
+    }
+)
 #: Environment prefixes that can change kernels, and names among them that cannot.
 KERNEL_ENV_PREFIXES = ("VLLM_", "NCCL_", "CUBLAS", "TORCH_", "OMP_", "MKL_", "CUDA_", "TRITON_")
-NON_NUMERIC_ENV = frozenset({"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
-                             "VLLM_CACHE_ROOT", "VLLM_NO_USAGE_STATS", "VLLM_LOGGING_LEVEL",
-                             "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR",
-                             "VLLM_CPU_SGL_KERNEL", "VLLM_SERVER_DEV_MODE"})
-CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-             "amx_tile", "amx_bf16", "amx_int8")
+NON_NUMERIC_ENV = frozenset(
+    {
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CACHE_ROOT",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_LOGGING_LEVEL",
+        "CUDA_VISIBLE_DEVICES",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "VLLM_CPU_SGL_KERNEL",
+        "VLLM_SERVER_DEV_MODE",
+    }
+)
+CPU_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def _cpu_description() -> dict[str, Any]:
-    model, flags = "unknown", set()
+    model, flags = "unknown", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -74,28 +104,45 @@ def _gpu_driver() -> str | None:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
     try:
-        return subprocess.run([smi, "-i", visible, "--query-gpu=driver_version",
-                               "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=60, check=True).stdout.strip() or None
+        return (
+            subprocess.run(
+                [smi, "-i", visible, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout.strip()
+            or None
+        )
     except (subprocess.SubprocessError, OSError):
         return None
 
 
-def slot_identity(spec: ModelSpec, plan: EnginePlan, platform: Platform,
-                  model_digest: str) -> dict[str, Any]:
+def slot_identity(
+    spec: ModelSpec, plan: EnginePlan, platform: Platform, model_digest: str
+) -> dict[str, Any]:
     """Everything known to decide a slot's bits, as plain JSON values."""
     args = {k: v for k, v in sorted(spec.engine_args.items()) if k not in CAPACITY_ARGS}
-    env = {k: v for k, v in sorted(plan.env.items())
-           if k.startswith(KERNEL_ENV_PREFIXES) and k not in NON_NUMERIC_ENV}
+    env = {
+        k: v
+        for k, v in sorted(plan.env.items())
+        if k.startswith(KERNEL_ENV_PREFIXES) and k not in NON_NUMERIC_ENV
+    }
     identity: dict[str, Any] = {
-        "engine": "vllm", "version": vllm_version(), "model": model_digest,
-        "kind": spec.kind, "mode": plan.mode, "dtype": spec.engine_args.get("dtype", "auto"),
+        "engine": "vllm",
+        "version": vllm_version(),
+        "model": model_digest,
+        "kind": spec.kind,
+        "mode": plan.mode,
+        "dtype": spec.engine_args.get("dtype", "auto"),
         "quantization": spec.engine_args.get("quantization"),
         "attention": plan.attention_backend,
         "tensor_parallel_size": int(spec.engine_args.get("tensor_parallel_size", 1)),
         "pipeline_parallel_size": int(spec.engine_args.get("pipeline_parallel_size", 1)),
-        "device": platform.device, "device_name": platform.name,
-        "engine_args": args, "env": env,
+        "device": platform.device,
+        "device_name": platform.name,
+        "engine_args": args,
+        "env": env,
     }
     if platform.device == "cuda":
         identity["compute_capability"] = list(platform.compute_capability or ())
@@ -106,10 +153,15 @@ def slot_identity(spec: ModelSpec, plan: EnginePlan, platform: Platform,
     return identity
 
 
-def probe_digest(url: str, kind: str, model: str, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None,
-                 headers: dict[str, str] | None = None,
-                 max_model_len: int | None = None) -> str:
+def probe_digest(
+    url: str,
+    kind: str,
+    model: str,
+    timeout_s: float = 600.0,
+    transport: httpx.BaseTransport | None = None,
+    headers: dict[str, str] | None = None,
+    max_model_len: int | None = None,
+) -> str:
     """sha256 over the canonical answers to the golden probes, sent one at a time."""
     answers = []
     with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client:
@@ -120,16 +172,25 @@ def probe_digest(url: str, kind: str, model: str, timeout_s: float = 600.0,
     return probe_digest_of(answers)
 
 
-def slot_numerics(spec: ModelSpec, plan: EnginePlan, platform: Platform, model_digest: str,
-                  url: str) -> dict[str, Any]:
+def slot_numerics(
+    spec: ModelSpec, plan: EnginePlan, platform: Platform, model_digest: str, url: str
+) -> dict[str, Any]:
     """``{"class_id", "probe_digest", "identity"}`` of a running slot (None digest and a
     reason when the probes could not be answered: the slot is then a class of its own)."""
     identity = slot_identity(spec, plan, platform, model_digest)
     try:
-        digest = probe_digest(url, spec.kind, spec.name, headers=engine_headers(plan),
-                              max_model_len=spec.max_model_len)
+        digest = probe_digest(
+            url,
+            spec.kind,
+            spec.name,
+            headers=engine_headers(plan),
+            max_model_len=spec.max_model_len,
+        )
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        return {"class_id": None, "probe_digest": None, "identity": identity,
-                "error": f"probes failed: {type(exc).__name__}: {exc}"}
-    return {"class_id": class_id(identity, digest), "probe_digest": digest,
-            "identity": identity}
+        return {
+            "class_id": None,
+            "probe_digest": None,
+            "identity": identity,
+            "error": f"probes failed: {type(exc).__name__}: {exc}",
+        }
+    return {"class_id": class_id(identity, digest), "probe_digest": digest, "identity": identity}

@@ -47,7 +47,7 @@ class PortReservation:
             self._sock.close()
             self._sock = None
 
-    def __enter__(self) -> "PortReservation":
+    def __enter__(self) -> PortReservation:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,7 +125,7 @@ def _group_members(pgid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and int(fields[2]) == pgid:
             members.append(int(entry))
     return members

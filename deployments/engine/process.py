@@ -52,11 +52,25 @@ class EngineProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.plan.env}
-        cmd = [sys.executable, "-m", "deployments.engine.launcher", "--",
-               sys.executable, "-m", "vllm.entrypoints.openai.api_server", *self.plan.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "deployments.engine.launcher",
+            "--",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *self.plan.args,
+        ]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+            )
 
     @property
     def pid(self) -> int | None:
@@ -78,8 +92,10 @@ class EngineProcess:
             while time.monotonic() < deadline:
                 if not self.alive():
                     raise EngineStartError(
-                        f"engine {self.name} exited with {self.proc.returncode if self.proc else '?'}"
-                        f"; log {self.log_path}:\n{self.log_tail()}")
+                        f"engine {self.name} exited with "
+                        f"{self.proc.returncode if self.proc else '?'}"
+                        f"; log {self.log_path}:\n{self.log_tail()}"
+                    )
                 try:
                     if client.get(self.url + "/health").status_code == 200:
                         self._check_listener()
@@ -88,8 +104,10 @@ class EngineProcess:
                     pass
                 time.sleep(1.0)
         self.stop()
-        raise EngineStartError(f"engine {self.name} not healthy after {timeout_s:.0f}s; "
-                               f"log {self.log_path}:\n{self.log_tail()}")
+        raise EngineStartError(
+            f"engine {self.name} not healthy after {timeout_s:.0f}s; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
 
     def _check_listener(self) -> None:
         """The answer on our port must come from our engine (``deployments.engine.ports``):
@@ -100,7 +118,8 @@ class EngineProcess:
             raise EngineStartError(
                 f"engine {self.name}: port {port} answers, but not from this engine's "
                 f"processes (another program listens on it); log {self.log_path}:\n"
-                f"{self.log_tail()}")
+                f"{self.log_tail()}"
+            )
 
     async def healthy(self, client: httpx.AsyncClient) -> bool:
         if not self.alive():

@@ -30,8 +30,15 @@ from gateway.core.api.answers import Answer, answer_of
 PROBE_TEXTS: tuple[str, ...] = tuple(
     [c for c in "1a+=7z9Q"]
     + [f"{a}+{b}={a + b}" for a, b in ((1, 2), (3, 4), (9, 9), (5, 0))]
-    + [("Is the following sum right? " + " + ".join(str(d) for d in range(n)) + " = "
-        + str(sum(range(n)))) for n in (8, 24, 48, 96)]
+    + [
+        (
+            "Is the following sum right? "
+            + " + ".join(str(d) for d in range(n))
+            + " = "
+            + str(sum(range(n)))
+        )
+        for n in (8, 24, 48, 96)
+    ]
 )
 
 
@@ -44,7 +51,9 @@ class SelfTestResult:
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "failed"
-        return f"{verdict} {self.identical}/{self.total}" + (f": {self.reason}" if self.reason else "")
+        return f"{verdict} {self.identical}/{self.total}" + (
+            f": {self.reason}" if self.reason else ""
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,18 +76,30 @@ def probe_texts(kind: str, max_model_len: int | None = None) -> tuple[str, ...]:
     return fitting or PROBE_TEXTS[:8]  # the one-character probes fit any context
 
 
-def probe_requests(kind: str, model: str,
-                   max_model_len: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+def probe_requests(
+    kind: str, model: str, max_model_len: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """(path, body) of each probe for a model of ``kind`` (those that fit its context)."""
     texts = probe_texts(kind, max_model_len)
     if kind == "discriminative":
-        return [("/classify", {"model": model, "input": t, "use_activation": False})
-                for t in texts]
-    return [("/v1/chat/completions",
-             {"model": model, "messages": [{"role": "user", "content": t}], "seed": 1000 + i,
-              "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "logprobs": True,
-              "top_logprobs": 1, "ignore_eos": True})
-            for i, t in enumerate(texts)]
+        return [("/classify", {"model": model, "input": t, "use_activation": False}) for t in texts]
+    return [
+        (
+            "/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": t}],
+                "seed": 1000 + i,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "max_tokens": 16,
+                "logprobs": True,
+                "top_logprobs": 1,
+                "ignore_eos": True,
+            },
+        )
+        for i, t in enumerate(texts)
+    ]
 
 
 def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -94,10 +115,15 @@ def _split_classify(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**payload, "data": [{**item, "index": 0}]} for item in items]
 
 
-def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
-                 transport: httpx.BaseTransport | None = None,
-                 headers: dict[str, str] | None = None,
-                 max_model_len: int | None = None) -> SelfTestResult:
+def run_selftest(
+    url: str,
+    kind: str,
+    model: str,
+    timeout_s: float = 600.0,
+    transport: httpx.BaseTransport | None = None,
+    headers: dict[str, str] | None = None,
+    max_model_len: int | None = None,
+) -> SelfTestResult:
     """Warm-up batch, every probe alone, one batch in another order; compare bitwise.
 
     A DisRM batch is one ``/classify`` request with every probe in its ``input`` list: the
@@ -110,8 +136,11 @@ def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
     random.Random(1).shuffle(order_a)
     random.Random(2).shuffle(order_b)
     try:
-        with httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client, \
-                ThreadPoolExecutor(max_workers=len(probes)) as pool:
+        with (
+            httpx.Client(timeout=timeout_s, transport=transport, headers=headers) as client,
+            ThreadPoolExecutor(max_workers=len(probes)) as pool,
+        ):
+
             def batch(order: list[int]) -> dict[int, Answer]:
                 if kind == "discriminative":
                     body = {**probes[0][1], "input": [probes[i][1]["input"] for i in order]}
@@ -130,5 +159,9 @@ def run_selftest(url: str, kind: str, model: str, timeout_s: float = 600.0,
     same = sum(alone[i] == batched[i] for i in alone)
     if same == len(probes):
         return SelfTestResult(True, same, len(probes))
-    return SelfTestResult(False, same, len(probes),
-                          f"{len(probes) - same} of {len(probes)} probes differ alone vs batched")
+    return SelfTestResult(
+        False,
+        same,
+        len(probes),
+        f"{len(probes) - same} of {len(probes)} probes differ alone vs batched",
+    )

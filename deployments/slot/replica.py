@@ -19,10 +19,10 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.engine.args import detect_platform, engine_headers, needs_selftest, plan_engine
-from deployments.engine.ports import PortReservation
-from deployments.engine.process import EngineProcess
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
+from deployments.engine.ports import PortReservation
+from deployments.engine.process import EngineProcess
 from deployments.engine.selftest import run_selftest
 from gateway.core.config.settings import ModelSpec
 
@@ -44,8 +44,12 @@ def _where(engine: EngineProcess) -> dict[str, Any]:
     address is the same for every node, so the Ray node id is what tells them apart."""
     import ray
 
-    return {"node_id": ray.get_runtime_context().get_node_id(), "address": _node_address(),
-            "engine_host": engine.host, "engine_pid": engine.pid}
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "address": _node_address(),
+        "engine_host": engine.host,
+        "engine_pid": engine.pid,
+    }
 
 
 @serve.deployment(
@@ -65,9 +69,13 @@ class SlotReplica:
         self.selftest: dict[str, Any] | None = None
         self._start_engine(self.spec)
         if needs_selftest(self.spec, self.plan.mode):
-            result = run_selftest(self.engine.url, self.spec.kind, self.spec.name,
-                                  headers=engine_headers(self.plan),
-                                  max_model_len=self.spec.max_model_len)
+            result = run_selftest(
+                self.engine.url,
+                self.spec.kind,
+                self.spec.name,
+                headers=engine_headers(self.plan),
+                max_model_len=self.spec.max_model_len,
+            )
             self.selftest = {**result.as_dict(), "mode": self.plan.mode}
             logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
             if not result.passed:
@@ -76,16 +84,31 @@ class SlotReplica:
                 self.selftest["fallback"] = "serialize"
         # The slot's numerics class: its identity and its answers to the golden probes,
         # one at a time, before it serves (gateway.core.routing.numerics).
-        self.numerics = slot_numerics(self.spec, self.plan, self.platform, self.model_digest,
-                                      self.engine.url)
-        logger.info("slot %s-%d: numerics class %s (probe digest %s)", self.spec.name, slot,
-                    self.numerics["class_id"], (self.numerics["probe_digest"] or "-")[:12])
+        self.numerics = slot_numerics(
+            self.spec, self.plan, self.platform, self.model_digest, self.engine.url
+        )
+        logger.info(
+            "slot %s-%d: numerics class %s (probe digest %s)",
+            self.spec.name,
+            slot,
+            self.numerics["class_id"],
+            (self.numerics["probe_digest"] or "-")[:12],
+        )
         if self.numerics.get("error"):  # a class of its own: its keys never move
-            logger.warning("slot %s-%d: no numerics class (%s); its keys stay on it",
-                           self.spec.name, slot, self.numerics["error"])
+            logger.warning(
+                "slot %s-%d: no numerics class (%s); its keys stay on it",
+                self.spec.name,
+                slot,
+                self.numerics["error"],
+            )
         self.client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
-        logger.info("slot %s-%d: engine ready at %s (mode %s)", self.spec.name, slot,
-                    self.engine.url, self.plan.mode)
+        logger.info(
+            "slot %s-%d: engine ready at %s (mode %s)",
+            self.spec.name,
+            slot,
+            self.engine.url,
+            self.plan.mode,
+        )
 
     def _start_engine(self, spec: ModelSpec) -> None:
         # loopback: only this node reaches the engine; node: the ingress on another node
@@ -96,36 +119,55 @@ class SlotReplica:
         self.secret = secrets.token_urlsafe(32)
         with PortReservation(host) as reservation:  # held until our engine listens on it
             port = reservation.port
-            self.plan = plan_engine(spec, self.platform, port=port, host=host,
-                                    slot=self.slot, secret=self.secret)
+            self.plan = plan_engine(
+                spec, self.platform, port=port, host=host, slot=self.slot, secret=self.secret
+            )
             self.model_digest = digest_dir(spec.model_path)
             self.fingerprint = build_fingerprint(
-                model_digest=self.model_digest, device=self.platform.name,
-                mode=self.plan.mode, dtype=spec.engine_args.get("dtype"),
-                attention=self.plan.attention_backend)
+                model_digest=self.model_digest,
+                device=self.platform.name,
+                mode=self.plan.mode,
+                dtype=spec.engine_args.get("dtype"),
+                attention=self.plan.attention_backend,
+            )
             if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
                 cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
                 self.plan.env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
                 self.plan.env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
             self.engine = EngineProcess(self.plan, host, port, f"{spec.name}-{self.slot}")
-            logger.info("slot %s-%d: starting engine on port %d, mode %s", spec.name, self.slot,
-                        port, self.plan.mode)
+            logger.info(
+                "slot %s-%d: starting engine on port %d, mode %s",
+                spec.name,
+                self.slot,
+                port,
+                self.plan.mode,
+            )
             self.engine.start()
             self.engine.wait_ready(spec.startup_timeout_s)
 
     async def endpoint(self) -> dict[str, Any]:
         """Where the ingress reaches this slot's engine, and what its answers depend on."""
-        return {"url": self.engine.url, "fingerprint": self.fingerprint, "mode": self.plan.mode,
-                "max_inflight": self.plan.max_inflight, "slot": self.slot,
-                "engine_pid": self.engine.pid, "selftest": self.selftest,
-                "numerics": self.numerics, "node": _where(self.engine),
-                "secret": self.secret}
+        return {
+            "url": self.engine.url,
+            "fingerprint": self.fingerprint,
+            "mode": self.plan.mode,
+            "max_inflight": self.plan.max_inflight,
+            "slot": self.slot,
+            "engine_pid": self.engine.pid,
+            "selftest": self.selftest,
+            "numerics": self.numerics,
+            "node": _where(self.engine),
+            "secret": self.secret,
+        }
 
     async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """The ``handle`` transport: post ``body`` to the engine from inside the replica."""
-        resp = await self.client.post(self.engine.url + path, content=body, timeout=timeout_s,
-                                      headers={"content-type": "application/json",
-                                               **engine_headers(self.plan)})
+        resp = await self.client.post(
+            self.engine.url + path,
+            content=body,
+            timeout=timeout_s,
+            headers={"content-type": "application/json", **engine_headers(self.plan)},
+        )
         return resp.status_code, resp.content
 
     async def check_health(self) -> None:
@@ -141,8 +183,10 @@ class SlotReplica:
 
 def build_slot(args: dict[str, Any]) -> Application:
     """One slot as its own Serve application (``{"spec": ModelSpec, "slot": i}``), so that
-    adding or removing slots never changes this application's version (``gateway.serve.topology``)."""
+    adding or removing slots never changes this application's version
+    (``gateway.serve.topology``)."""
     spec = ModelSpec(**args["spec"])
     slot = int(args["slot"])
-    return SlotReplica.options(ray_actor_options=spec.actor_options(slot)).bind(
-        spec.model_dump(), slot)
+    return SlotReplica.options(  # type: ignore[attr-defined]  # a Serve Deployment
+        ray_actor_options=spec.actor_options(slot)
+    ).bind(spec.model_dump(), slot)

@@ -9,22 +9,34 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-ledger_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="The reward ledger: stats, export, replay, invalidate.")
+ledger_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="The reward ledger: stats, export, replay, invalidate.",
+)
 
-DB = typer.Option(None, "--db", help="A SQLite file or a postgresql:// DSN (default: the "
-                  "config's ledger, else the default SQLite file).")
-CONFIG = typer.Option(None, "--config", exists=True, dir_okay=False,
-                      help="A Serve config file whose gateway.ledger to open.")
+DB = typer.Option(
+    None,
+    "--db",
+    help="A SQLite file or a postgresql:// DSN (default: the "
+    "config's ledger, else the default SQLite file).",
+)
+CONFIG = typer.Option(
+    None,
+    "--config",
+    exists=True,
+    dir_okay=False,
+    help="A Serve config file whose gateway.ledger to open.",
+)
 
 
-def open_ledger_store(db: Optional[str], config: Optional[Path]) -> Any:
+def open_ledger_store(db: str | None, config: Path | None) -> Any:
     """The store ``--db``/``--config`` name (see the module docstring)."""
     from gateway.core.config.settings import AppConfig, LedgerSettings
     from gateway.ledger.ledger import open_store
@@ -38,9 +50,11 @@ def open_ledger_store(db: Optional[str], config: Optional[Path]) -> Any:
                 typer.echo(f"rmgate ledger: {path} does not exist", err=True)
                 raise typer.Exit(2)
             from gateway.ledger.sqlite_store import SqliteLedger
+
             return SqliteLedger(path)
     elif config is not None:
         from gateway.cli.config_file import load_serve_config
+
         args = load_serve_config(config)["applications"][0]["args"]
         settings = AppConfig.model_validate(args).gateway.ledger
     else:
@@ -51,7 +65,7 @@ def open_ledger_store(db: Optional[str], config: Optional[Path]) -> Any:
     return open_store(settings)
 
 
-def parse_since(since: Optional[str]) -> Optional[float]:
+def parse_since(since: str | None) -> float | None:
     """Unix seconds, or an ISO date/time (UTC unless it says)."""
     if since is None:
         return None
@@ -60,13 +74,16 @@ def parse_since(since: Optional[str]) -> Optional[float]:
     except ValueError:
         when = datetime.fromisoformat(since)
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return when.timestamp()
 
 
 @ledger_app.command()
-def stats(db: Optional[str] = DB, config: Optional[Path] = CONFIG,
-          as_json: bool = typer.Option(False, "--json", help="One JSON document.")) -> None:
+def stats(
+    db: str | None = DB,
+    config: Path | None = CONFIG,
+    as_json: bool = typer.Option(False, "--json", help="One JSON document."),
+) -> None:
     """Rows and the cache's hit rate, per model and numerics class."""
     store = open_ledger_store(db, config)
     try:
@@ -76,22 +93,29 @@ def stats(db: Optional[str] = DB, config: Optional[Path] = CONFIG,
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
         return
-    typer.echo(f"{'model':<16}{'class':<14}{'rows':>9}{'hit':>9}{'shared':>9}{'miss':>9}"
-               f"{'hit rate':>10}")
+    typer.echo(
+        f"{'model':<16}{'class':<14}{'rows':>9}{'hit':>9}{'shared':>9}{'miss':>9}{'hit rate':>10}"
+    )
     for e in entries:
         rate = "-" if e["hit_rate"] is None else f"{e['hit_rate']:.1%}"
-        typer.echo(f"{e['model']:<16}{e['numerics_class']:<14}{e['rows']:>9}"
-                   f"{e.get('hit', 0):>9}{e.get('shared', 0):>9}{e.get('miss', 0):>9}"
-                   f"{rate:>10}")
+        typer.echo(
+            f"{e['model']:<16}{e['numerics_class']:<14}{e['rows']:>9}"
+            f"{e.get('hit', 0):>9}{e.get('shared', 0):>9}{e.get('miss', 0):>9}"
+            f"{rate:>10}"
+        )
 
 
 @ledger_app.command()
-def export(out: Path = typer.Argument(..., help="The file to write."),
-           fmt: str = typer.Option("jsonl", "--format", help="jsonl or parquet."),
-           since: Optional[str] = typer.Option(None, help="Rows recorded at or after this "
-                                               "(Unix seconds or ISO time)."),
-           model: Optional[str] = typer.Option(None, help="Only this model's rows."),
-           db: Optional[str] = DB, config: Optional[Path] = CONFIG) -> None:
+def export(
+    out: Path = typer.Argument(..., help="The file to write."),
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl or parquet."),
+    since: str | None = typer.Option(
+        None, help="Rows recorded at or after this (Unix seconds or ISO time)."
+    ),
+    model: str | None = typer.Option(None, help="Only this model's rows."),
+    db: str | None = DB,
+    config: Path | None = CONFIG,
+) -> None:
     """Write the ledger's rows (bodies and answers as UTF-8 text) to JSON lines or
     Parquet (pyarrow, in rmgate's ledger extra)."""
     if fmt not in ("jsonl", "parquet"):
@@ -111,8 +135,10 @@ def export(out: Path = typer.Argument(..., help="The file to write."),
                 import pyarrow as pa
                 import pyarrow.parquet as pq
             except ImportError:
-                typer.echo("rmgate ledger export: parquet needs pyarrow: pip install "
-                           "'rmgate[ledger]'", err=True)
+                typer.echo(
+                    "rmgate ledger export: parquet needs pyarrow: pip install 'rmgate[ledger]'",
+                    err=True,
+                )
                 raise typer.Exit(2) from None
             table = pa.Table.from_pylist(list(rows))
             pq.write_table(table, out)
@@ -123,17 +149,25 @@ def export(out: Path = typer.Argument(..., help="The file to write."),
 
 
 @ledger_app.command()
-def replay(url: str = typer.Argument(..., help="The deployment to re-send to, e.g. "
-                                     "http://127.0.0.1:8000 (a gateway or a vLLM server)."),
-           model: Optional[str] = typer.Option(None, help="Only this model's rows."),
-           since: Optional[str] = typer.Option(None, help="Rows recorded at or after this."),
-           sample: Optional[int] = typer.Option(None, min=1, help="At most this many rows, "
-                                                "drawn reproducibly."),
-           concurrency: int = typer.Option(16, "--concurrency", "-c", min=1),
-           plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also write the "
-                                                    "histogram of |diff| as a PNG."),
-           api_key: Optional[str] = typer.Option(None, envvar="RMGATE_API_KEY"),
-           db: Optional[str] = DB, config: Optional[Path] = CONFIG) -> None:
+def replay(
+    url: str = typer.Argument(
+        ...,
+        help="The deployment to re-send to, e.g. "
+        "http://127.0.0.1:8000 (a gateway or a vLLM server).",
+    ),
+    model: str | None = typer.Option(None, help="Only this model's rows."),
+    since: str | None = typer.Option(None, help="Rows recorded at or after this."),
+    sample: int | None = typer.Option(
+        None, min=1, help="At most this many rows, drawn reproducibly."
+    ),
+    concurrency: int = typer.Option(16, "--concurrency", "-c", min=1),
+    plot_path: Path | None = typer.Option(
+        None, "--plot", help="Also write the histogram of |diff| as a PNG."
+    ),
+    api_key: str | None = typer.Option(None, envvar="RMGATE_API_KEY"),
+    db: str | None = DB,
+    config: Path | None = CONFIG,
+) -> None:
     """Re-send recorded requests to URL and report which rewards changed, by how much.
     Exit code 0 only when every answer is bitwise the recorded one."""
     import asyncio
@@ -158,13 +192,17 @@ def replay(url: str = typer.Argument(..., help="The deployment to re-send to, e.
             def update(self, n: int) -> None:
                 bar.advance(task, n)
 
-        report = asyncio.run(lr.replay_rows(url.rstrip("/"), rows, concurrency, headers,
-                                            Tick()))
+        report = asyncio.run(lr.replay_rows(url.rstrip("/"), rows, concurrency, headers, Tick()))
     v = report.verdict
-    typer.echo(f"replayed {v.requests} recorded rewards to {url}: {v.identical} identical, "
-               f"{v.differing} changed, {v.failed} failed"
-               + (f", {report.without_body} without a recorded body (not replayable)"
-                  if report.without_body else ""))
+    typer.echo(
+        f"replayed {v.requests} recorded rewards to {url}: {v.identical} identical, "
+        f"{v.differing} changed, {v.failed} failed"
+        + (
+            f", {report.without_body} without a recorded body (not replayable)"
+            if report.without_body
+            else ""
+        )
+    )
     if v.differing:
         typer.echo(f"max |diff| {v.max_abs_diff:.3g}")
         typer.echo(lr.format_histogram(report.diffs))
@@ -175,11 +213,14 @@ def replay(url: str = typer.Argument(..., help="The deployment to re-send to, e.
 
 
 @ledger_app.command()
-def invalidate(model: str = typer.Option(..., "--model", help="The model whose rows stop "
-                                         "being answered from the ledger."),
-               numerics_class: Optional[str] = typer.Option(None, "--class",
-                                                            help="Only this numerics class."),
-               db: Optional[str] = DB, config: Optional[Path] = CONFIG) -> None:
+def invalidate(
+    model: str = typer.Option(
+        ..., "--model", help="The model whose rows stop being answered from the ledger."
+    ),
+    numerics_class: str | None = typer.Option(None, "--class", help="Only this numerics class."),
+    db: str | None = DB,
+    config: Path | None = CONFIG,
+) -> None:
     """Stop cache hits for a model's rows (of one class). Rows stay for audit; running
     gateways forget them from memory within seconds; the next answer is recorded anew."""
     store = open_ledger_store(db, config)
@@ -187,5 +228,6 @@ def invalidate(model: str = typer.Option(..., "--model", help="The model whose r
         n = store.invalidate(model, numerics_class)
     finally:
         store.close()
-    typer.echo(f"{n} rows of {model}{' class ' + numerics_class if numerics_class else ''} "
-               "invalidated")
+    typer.echo(
+        f"{n} rows of {model}{' class ' + numerics_class if numerics_class else ''} invalidated"
+    )

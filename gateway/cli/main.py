@@ -6,18 +6,22 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import typer
 
 from gateway.cli.config_file import load_serve_config, render
 from gateway.cli.ledger import ledger_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="rmgate: a deterministic reward-model gateway on Ray Serve.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="rmgate: a deterministic reward-model gateway on Ray Serve.",
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when run from one
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo-cpu.yaml"
@@ -33,15 +37,19 @@ DEMO_CONFIG_RESOURCE = ("gateway.serve", "data/demo-cpu.yaml")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 PROXY_OPTION = typer.Option(
-    None, help="How HTTP reaches the ingress: 'haproxy' (Serve's HAProxy + direct ingress; "
+    None,
+    help="How HTTP reaches the ingress: 'haproxy' (Serve's HAProxy + direct ingress; "
     "default where the binary is installed, a quarter of the CPU per request) or 'serve' "
-    "(Serve's Python proxy).")
+    "(Serve's Python proxy).",
+)
 
 
 def _startup_timeout(rendered: dict[str, Any]) -> float:
     """Long enough for the slowest slot to start (its ``startup_timeout_s``) plus Serve."""
-    limits = [float((a.get("args") or {}).get("spec", {}).get("startup_timeout_s", 600))
-              for a in rendered["applications"]]
+    limits = [
+        float((a.get("args") or {}).get("spec", {}).get("startup_timeout_s", 600))
+        for a in rendered["applications"]
+    ]
     return max(limits, default=600.0) + 120.0
 
 
@@ -50,26 +58,43 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
     for application in cfg["applications"]:
         for model in (application.get("args") or {}).get("models", []):
             if model.get("kind") == "generative":
-                body = ('{"model": "%s", "messages": [{"role": "user", "content": '
-                        '"Is 2+3=5 right?"}], "max_tokens": 8}' % model["name"])
-                lines.append(f"curl -s {url}/v1/chat/completions -H 'Content-Type: "
-                             f"application/json' -d '{body}'")
+                body = (
+                    '{"model": "%s", "messages": [{"role": "user", "content": '
+                    '"Is 2+3=5 right?"}], "max_tokens": 8}' % model["name"]
+                )
+                lines.append(
+                    f"curl -s {url}/v1/chat/completions -H 'Content-Type: "
+                    f"application/json' -d '{body}'"
+                )
             else:
                 body = '{"model": "%s", "input": ["2+3=5", "2+3=6"]}' % model["name"]
-                lines.append(f"curl -s {url}/classify -H 'Content-Type: application/json' "
-                             f"-d '{body}'")
+                lines.append(
+                    f"curl -s {url}/classify -H 'Content-Type: application/json' -d '{body}'"
+                )
     default = ((cfg["applications"][0].get("args") or {}).get("gateway") or {}).get(
-        "default_reward_model")
+        "default_reward_model"
+    )
     if default:
-        body = '{"items": [{"prompt": "3+4=", "response": "7"}, {"prompt": "3+4=", "response": "9"}]}'
+        body = (
+            '{"items": [{"prompt": "3+4=", "response": "7"}, {"prompt": "3+4=", "response": "9"}]}'
+        )
         lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'")
     for program in (cfg["applications"][0].get("args") or {}).get("programs") or []:
-        body = ('{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
-                % program["name"])
-        lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'"
-                     f"   # reward program {program['name']}: per-component details")
+        body = (
+            '{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
+            % program["name"]
+        )
+        lines.append(
+            f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'"
+            f"   # reward program {program['name']}: per-component details"
+        )
     lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)
+
+
+def loopback_node(on_loopback: bool) -> dict[str, Any]:
+    """``ray.init``'s node address on a loopback-only host (else Ray's own choice)."""
+    return {"_node_ip_address": "127.0.0.1"} if on_loopback else {}
 
 
 def refuse_missing_paths(config: Path, cfg: dict[str, Any]) -> None:
@@ -88,11 +113,17 @@ def refuse_missing_paths(config: Path, cfg: dict[str, Any]) -> None:
         raise typer.Exit(2)
 
 
-def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
-                     ready: Optional[threading.Event] = None, dashboard: bool = True,
-                     proxy: Optional[str] = None, address: Optional[str] = None,
-                     proxy_location: str = "EveryNode",
-                     direct_port: Optional[int] = None) -> None:
+def run_serve_config(
+    config: Path,
+    host: str | None,
+    port: int | None,
+    ready: threading.Event | None = None,
+    dashboard: bool = True,
+    proxy: str | None = None,
+    address: str | None = None,
+    proxy_location: str = "EveryNode",
+    direct_port: int | None = None,
+) -> None:
     """Start Ray (local, or join the cluster at ``address``), Serve and every application
     of ``config``; block until a signal. On a cluster, a signal deletes the applications
     this command deployed and leaves the cluster (and Serve) running."""
@@ -138,15 +169,19 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         if address is not None:  # slots may run on other nodes than the ingress
             rendered = topology.with_engines_on_node_addresses(rendered)
         rendered, direct_port, direct_host = topology.bind_direct_port(
-            rendered, direct_port, host, host_given)
+            rendered, direct_port, host, host_given
+        )
     except ValueError as exc:
         shutil.rmtree(proxy_dir, ignore_errors=True)
         raise typer.BadParameter(f"{config}: {exc}") from None
     if address is None:
-        context = ray.init(address="local", include_dashboard=dashboard,
-                           dashboard_host="127.0.0.1", log_to_driver=False,
-                           **({"_node_ip_address": "127.0.0.1"} if host in LOOPBACK_HOSTS
-                              else {}))
+        context = ray.init(
+            address="local",
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+            **loopback_node(host in LOOPBACK_HOSTS),
+        )
     else:
         # An existing cluster: Ray's own resources place the slots; its nodes were started
         # with (or without) the HTTP-path environment, which is read at `ray start`. This
@@ -154,28 +189,40 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
         # itself is (several raylets on one machine).
         loopback = address.rsplit(":", 1)[0] in LOOPBACK_HOSTS
         try:
-            context = ray.init(address=address, log_to_driver=False,
-                               **({"_node_ip_address": "127.0.0.1"} if loopback else {}))
+            context = ray.init(
+                address=address,
+                log_to_driver=False,
+                **loopback_node(loopback),
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             shutil.rmtree(proxy_dir, ignore_errors=True)
             raise typer.BadParameter(f"--address {address}: {exc}") from None
     try:
-        serve.start(http_options={"host": host, "port": port},
-                    **({"proxy_location": proxy_location} if address is not None else {}))
+        serve.start(
+            http_options={"host": host, "port": port},
+            **(dict[str, Any](proxy_location=proxy_location) if address is not None else {}),
+        )
         rendered["http_options"] = {"host": host, "port": port}
-        deploy_local(rendered, timeout_s=_startup_timeout(rendered),
-                     keep_others=address is not None)
-        typer.echo(f"HTTP path: {proxy} -> ingress replica -> engines "
-                   f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)")
+        deploy_local(
+            rendered, timeout_s=_startup_timeout(rendered), keep_others=address is not None
+        )
+        typer.echo(
+            f"HTTP path: {proxy} -> ingress replica -> engines "
+            f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)"
+        )
         if direct_port is not None:
-            typer.echo(f"direct port: http://{direct_host}:{direct_port} (the ingress "
-                       "replicas themselves, Serve's proxy left out)")
+            typer.echo(
+                f"direct port: http://{direct_host}:{direct_port} (the ingress "
+                "replicas themselves, Serve's proxy left out)"
+            )
         typer.echo(_sample_requests(f"http://{host}:{port}", cfg), err=False)
         if dashboard and getattr(context, "dashboard_url", None):
             # Ray 2.60 turns token auth on for the cluster; its CLI reads the token
             # (~/.ray/auth_token) only in token mode.
-            typer.echo(f"Serve's own tools: RAY_AUTH_MODE=token serve status --address "
-                       f"http://{context.dashboard_url}  (also serve deploy CONFIG --address ...)")
+            typer.echo(
+                f"Serve's own tools: RAY_AUTH_MODE=token serve status --address "
+                f"http://{context.dashboard_url}  (also serve deploy CONFIG --address ...)"
+            )
         sys.stdout.flush()
         if ready is not None:
             ready.set()
@@ -191,8 +238,9 @@ def run_serve_config(config: Path, host: Optional[str], port: Optional[int],
                     try:  # one that cannot be removed must not keep the others
                         serve.delete(application["name"])
                     except Exception as exc:  # noqa: BLE001 (reported, then the next)
-                        typer.echo(f"rmgate: could not delete {application['name']}: {exc}",
-                                   err=True)
+                        typer.echo(
+                            f"rmgate: could not delete {application['name']}: {exc}", err=True
+                        )
         finally:
             ray.shutdown()
             shutil.rmtree(proxy_dir, ignore_errors=True)
@@ -206,48 +254,74 @@ class ProxyLocation(str, Enum):
 
 
 @app.command()
-def serve(config: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                         help="A Ray Serve config file (applications + args)."),
-          host: Optional[str] = typer.Option(None, help="Bind address (default: the config's, "
-                                             "else 127.0.0.1)."),
-          port: Optional[int] = typer.Option(None, help="Port (default: the config's, else 8000)."),
-          dashboard: bool = typer.Option(True, help="Start Ray's dashboard on 127.0.0.1 (needed "
-                                         "by `serve status` and `serve deploy`)."),
-          proxy: Optional[str] = PROXY_OPTION,
-          address: Optional[str] = typer.Option(
-              None, help="Join an existing Ray cluster (`auto` or HOST:PORT) instead of "
-              "starting a local one; Ctrl-C then removes only rmgate's applications."),
-          proxy_location: ProxyLocation = typer.Option(
-              ProxyLocation.every_node, help="On a cluster: where Serve runs an HTTP proxy "
-              "(every node, so a trainer can point at any; HeadOnly where nodes share one "
-              "address, e.g. several nodes on one machine)."),
-          direct_port: Optional[int] = typer.Option(
-              None, help="Also serve the API on this port from every ingress replica itself "
-              "(gateway.direct_port, bound to --host): Serve's proxy left out of the path, "
-              "less CPU per request.")) -> None:
+def serve(
+    config: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="A Ray Serve config file (applications + args)."
+    ),
+    host: str | None = typer.Option(
+        None, help="Bind address (default: the config's, else 127.0.0.1)."
+    ),
+    port: int | None = typer.Option(None, help="Port (default: the config's, else 8000)."),
+    dashboard: bool = typer.Option(
+        True,
+        help="Start Ray's dashboard on 127.0.0.1 (needed by `serve status` and `serve deploy`).",
+    ),
+    proxy: str | None = PROXY_OPTION,
+    address: str | None = typer.Option(
+        None,
+        help="Join an existing Ray cluster (`auto` or HOST:PORT) instead of "
+        "starting a local one; Ctrl-C then removes only rmgate's applications.",
+    ),
+    proxy_location: ProxyLocation = typer.Option(
+        ProxyLocation.every_node,
+        help="On a cluster: where Serve runs an HTTP proxy "
+        "(every node, so a trainer can point at any; HeadOnly where nodes share one "
+        "address, e.g. several nodes on one machine).",
+    ),
+    direct_port: int | None = typer.Option(
+        None,
+        help="Also serve the API on this port from every ingress replica itself "
+        "(gateway.direct_port, bound to --host): Serve's proxy left out of the path, "
+        "less CPU per request.",
+    ),
+) -> None:
     """Start the application(s) of a Ray Serve config file and block until Ctrl-C."""
-    run_serve_config(config, host, port, dashboard=dashboard, proxy=proxy, address=address,
-                     proxy_location=proxy_location.value, direct_port=direct_port)
+    run_serve_config(
+        config,
+        host,
+        port,
+        dashboard=dashboard,
+        proxy=proxy,
+        address=address,
+        proxy_location=proxy_location.value,
+        direct_port=direct_port,
+    )
 
 
 @app.command("render")
-def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                                 help="A compact rmgate Serve config."),
-                   port: Optional[int] = typer.Option(None, help="Override http_options.port."),
-                   output: Optional[Path] = typer.Option(None, "-o", "--output"),
-                   rayservice: Optional[str] = typer.Option(
-                       None, help="Print a KubeRay RayService for this image instead "
-                       "(docker/kuberay/)."),
-                   cluster: bool = typer.Option(
-                       False, help="For `serve deploy` to a multi-node cluster: engines of "
-                       "direct gateways on the node address, with their secret (what "
-                       "`rmgate serve --address` and --rayservice do)."),
-                   direct_port: Optional[int] = typer.Option(
-                       None, help="As `rmgate serve --direct-port`: the ingress replicas' own "
-                       "port (re-render with the same one, or a redeploy restarts the "
-                       "ingress)."),
-                   direct_host: str = typer.Option(
-                       "127.0.0.1", help="The address --direct-port binds.")) -> None:
+def render_command(
+    config: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, help="A compact rmgate Serve config."
+    ),
+    port: int | None = typer.Option(None, help="Override http_options.port."),
+    output: Path | None = typer.Option(None, "-o", "--output"),
+    rayservice: str | None = typer.Option(
+        None, help="Print a KubeRay RayService for this image instead (docker/kuberay/)."
+    ),
+    cluster: bool = typer.Option(
+        False,
+        help="For `serve deploy` to a multi-node cluster: engines of "
+        "direct gateways on the node address, with their secret (what "
+        "`rmgate serve --address` and --rayservice do).",
+    ),
+    direct_port: int | None = typer.Option(
+        None,
+        help="As `rmgate serve --direct-port`: the ingress replicas' own "
+        "port (re-render with the same one, or a redeploy restarts the "
+        "ingress).",
+    ),
+    direct_host: str = typer.Option("127.0.0.1", help="The address --direct-port binds."),
+) -> None:
     """Print the per-slot Serve config that `rmgate serve` deploys (for `serve deploy`).
 
     Edit `replicas` in CONFIG, render again and `serve deploy` the result: only the added
@@ -281,11 +355,14 @@ def render_command(config: Path = typer.Argument(..., exists=True, dir_okay=Fals
 
 
 @app.command()
-def scale(model: str = typer.Argument(..., help="The served model to rescale."),
-          replicas: int = typer.Argument(..., min=1, help="Its new number of slots."),
-          address: str = typer.Option(None, envvar="RAY_DASHBOARD_ADDRESS",
-                                      help="Ray dashboard (default http://127.0.0.1:8265)."),
-          timeout: float = typer.Option(900.0, help="Seconds to wait for each step.")) -> None:
+def scale(
+    model: str = typer.Argument(..., help="The served model to rescale."),
+    replicas: int = typer.Argument(..., min=1, help="Its new number of slots."),
+    address: str = typer.Option(
+        None, envvar="RAY_DASHBOARD_ADDRESS", help="Ray dashboard (default http://127.0.0.1:8265)."
+    ),
+    timeout: float = typer.Option(900.0, help="Seconds to wait for each step."),
+) -> None:
     """Change a model's slot count on a running gateway without restarting other slots.
 
     Up: starts the new slot applications, then lets the ingress route to them. Down: stops
@@ -302,8 +379,9 @@ def scale(model: str = typer.Argument(..., help="The served model to rescale."),
 
 
 @app.command("make-demo-models")
-def make_demo_models(out_dir: Path = typer.Argument(..., help="Folder to write the models to.")
-                     ) -> None:
+def make_demo_models(
+    out_dir: Path = typer.Argument(..., help="Folder to write the models to."),
+) -> None:
     """Build the demo GRM and DisRMs from a fixed seed (byte-identical on every run)."""
     from deployments.demo.models import build_demo_models
 
@@ -312,17 +390,25 @@ def make_demo_models(out_dir: Path = typer.Argument(..., help="Folder to write t
 
 
 @app.command()
-def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.1:8000"),
-          requests: Optional[Path] = typer.Option(None, "--requests", exists=True, dir_okay=False,
-                                                  help="JSON lines of {path, body}; default: a "
-                                                       "generated set for each served model"),
-          per_model: int = typer.Option(100, help="Generated requests per served model."),
-          concurrency: list[int] = typer.Option([1, 32], "--concurrency", "-c",
-                                                help="Concurrency levels (repeatable)."),
-          repeats: int = typer.Option(1, help="Shuffled runs per concurrency level."),
-          against: Optional[str] = typer.Option(None, help="A second gateway to compare with "
-                                                "(e.g. after an upgrade)."),
-          api_key: Optional[str] = typer.Option(None, envvar="RMGATE_API_KEY")) -> None:
+def check(
+    url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.1:8000"),
+    requests: Path | None = typer.Option(
+        None,
+        "--requests",
+        exists=True,
+        dir_okay=False,
+        help="JSON lines of {path, body}; default: a generated set for each served model",
+    ),
+    per_model: int = typer.Option(100, help="Generated requests per served model."),
+    concurrency: list[int] = typer.Option(
+        [1, 32], "--concurrency", "-c", help="Concurrency levels (repeatable)."
+    ),
+    repeats: int = typer.Option(1, help="Shuffled runs per concurrency level."),
+    against: str | None = typer.Option(
+        None, help="A second gateway to compare with (e.g. after an upgrade)."
+    ),
+    api_key: str | None = typer.Option(None, envvar="RMGATE_API_KEY"),
+) -> None:
     """Replay requests in shuffled orders at several concurrencies; compare bitwise.
 
     Exit code 0 only when every response matched the first run exactly."""
@@ -339,8 +425,11 @@ def check(url: str = typer.Argument(..., help="The gateway, e.g. http://127.0.0.
     if not calls:
         typer.echo("nothing to replay: no requests and no served model", err=True)
         raise typer.Exit(2)
-    verdicts = asyncio.run(verify.check(url, calls, concurrency, repeats,
-                                        against.rstrip("/") if against else None, headers))
+    verdicts = asyncio.run(
+        verify.check(
+            url, calls, concurrency, repeats, against.rstrip("/") if against else None, headers
+        )
+    )
     typer.echo(verify.format_table(verdicts))
     raise typer.Exit(0 if all(v.ok for v in verdicts) else 1)
 
@@ -379,16 +468,22 @@ def demo_config() -> Iterator[Path]:
     package, name = DEMO_CONFIG_RESOURCE
     resource = files(package).joinpath(name)
     if not resource.is_file():  # built from a tree without configs/ (the symlink dangled)
-        typer.echo(f"rmgate demo: this install has no demo config ({package}/{name}); it was "
-                   "built without configs/demo-cpu.yaml. Use `rmgate serve CONFIG`.", err=True)
+        typer.echo(
+            f"rmgate demo: this install has no demo config ({package}/{name}); it was "
+            "built without configs/demo-cpu.yaml. Use `rmgate serve CONFIG`.",
+            err=True,
+        )
         raise typer.Exit(2)
     with as_file(resource) as path:
         yield path
 
 
 @app.command()
-def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
-         proxy: Optional[str] = PROXY_OPTION) -> None:
+def demo(
+    host: str | None = typer.Option(None),
+    port: int | None = typer.Option(None),
+    proxy: str | None = PROXY_OPTION,
+) -> None:
     """Build the demo models if missing and serve configs/demo-cpu.yaml.
 
     The models go to models/demo under $RMGATE_HOME if set, else under the checkout when
@@ -408,4 +503,3 @@ def demo(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.O
 
 def main() -> None:
     app()
-

@@ -24,8 +24,10 @@ import httpx
 
 from gateway.core.api.answers import Answer, answer_of
 
-WORDS = ("the cat sat on a mat and 2+3=5 is right while 4+4=9 is wrong answer judge "
-         "score reward yes no 7 12 ü ✓").split()
+WORDS = (
+    "the cat sat on a mat and 2+3=5 is right while 4+4=9 is wrong answer judge "
+    "score reward yes no 7 12 ü ✓"
+).split()
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,11 @@ def grm_calls(n: int, model: str = "judge", seed: int = 0, max_tokens: int = 12)
             body.update(prompt=_text(rng, 1, 30), logprobs=2)
             calls.append(Call("/v1/completions", body))
         else:
-            body.update(messages=[{"role": "user", "content": _text(rng, 1, 30)}],
-                        logprobs=True, top_logprobs=2)
+            body.update(
+                messages=[{"role": "user", "content": _text(rng, 1, 30)}],
+                logprobs=True,
+                top_logprobs=2,
+            )
             calls.append(Call("/v1/chat/completions", body))
     return calls
 
@@ -78,7 +83,7 @@ def load_calls(path: Path) -> list[Call]:
         if line.strip():
             obj = json.loads(line)
             if not isinstance(obj, dict) or "path" not in obj or "body" not in obj:
-                raise ValueError(f"{path}:{n}: expected {{\"path\": ..., \"body\": {{...}}}}")
+                raise ValueError(f'{path}:{n}: expected {{"path": ..., "body": {{...}}}}')
             calls.append(Call(obj["path"], obj["body"]))
     return calls
 
@@ -97,25 +102,37 @@ class Result:
     key: str | None
     numerics_class: str | None = None
 
-    def differs_from(self, ref: "Result") -> bool:
+    def differs_from(self, ref: Result) -> bool:
         """Other bits, another seed, or another numerics class (when both name one)."""
         if self.essence != ref.essence or self.seed != ref.seed:
             return True
-        return bool(self.numerics_class and ref.numerics_class
-                    and self.numerics_class != ref.numerics_class)
+        return bool(
+            self.numerics_class and ref.numerics_class and self.numerics_class != ref.numerics_class
+        )
 
 
-async def replay(url: str, calls: list[Call], order: list[int], concurrency: int,
-                 timeout_s: float = 600, progress: Any = None,
-                 headers: dict[str, str] | None = None) -> dict[int, Result]:
+async def replay(
+    url: str,
+    calls: list[Call],
+    order: list[int],
+    concurrency: int,
+    timeout_s: float = 600,
+    progress: Any = None,
+    headers: dict[str, str] | None = None,
+) -> dict[int, Result]:
     """Send ``calls`` in ``order`` with at most ``concurrency`` in flight; results by index.
     Every request asks for an engine's answer (``x-rmgate-cache: off``): a check of bits
     answered from the ledger would prove nothing about the engines."""
     sem = asyncio.Semaphore(concurrency)
     results: dict[int, Result] = {}
     headers = {**(headers or {}), "x-rmgate-cache": "off"}
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, headers=headers,
-                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        base_url=url,
+        timeout=timeout_s,
+        headers=headers,
+        limits=httpx.Limits(max_connections=concurrency + 4),
+    ) as client:
+
         async def one(i: int) -> None:
             async with sem:
                 r = await client.post(calls[i].path, json=calls[i].body)
@@ -123,11 +140,17 @@ async def replay(url: str, calls: list[Call], order: list[int], concurrency: int
                 ess = essence(calls[i].path, r.json()) if r.status_code == 200 else r.text
             except ValueError:
                 ess = r.text
-            results[i] = Result(r.status_code, ess, r.headers.get("x-rmgate-slot"),
-                                r.headers.get("x-rmgate-seed"), r.headers.get("x-rmgate-key"),
-                                r.headers.get("x-rmgate-class"))
+            results[i] = Result(
+                r.status_code,
+                ess,
+                r.headers.get("x-rmgate-slot"),
+                r.headers.get("x-rmgate-seed"),
+                r.headers.get("x-rmgate-key"),
+                r.headers.get("x-rmgate-class"),
+            )
             if progress is not None:
                 progress.update(1)
+
         await asyncio.gather(*(one(i) for i in order))
     return results
 
@@ -196,9 +219,17 @@ def compare(label: str, reference: dict[int, Result], run: dict[int, Result]) ->
             if got.essence == ref.essence and got.seed == ref.seed:
                 other_class += 1
             worst = max(worst, max_abs_diff(ref.essence, got.essence))
-    return RunVerdict(label, len(reference), identical, differing, failed, worst,
-                      _split(r.slot for r in run.values()), other_class,
-                      _split(r.numerics_class for r in run.values()))
+    return RunVerdict(
+        label,
+        len(reference),
+        identical,
+        differing,
+        failed,
+        worst,
+        _split(r.slot for r in run.values()),
+        other_class,
+        _split(r.numerics_class for r in run.values()),
+    )
 
 
 async def served_models(url: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -218,22 +249,34 @@ def generated_calls(models: list[dict[str, Any]], per_model: int) -> list[Call]:
     return calls
 
 
-async def check(url: str, calls: list[Call], concurrencies: list[int], repeats: int,
-                against: str | None = None, headers: dict[str, str] | None = None,
-                show_progress: bool = True) -> list[RunVerdict]:
+async def check(
+    url: str,
+    calls: list[Call],
+    concurrencies: list[int],
+    repeats: int,
+    against: str | None = None,
+    headers: dict[str, str] | None = None,
+    show_progress: bool = True,
+) -> list[RunVerdict]:
     """Replay ``calls`` ``repeats`` times per concurrency in shuffled orders; compare all
     runs (and every run on ``against``) with the first run on ``url``."""
-    plan = [(u, c, r) for u in ([url] + ([against] if against else []))
-            for c in concurrencies for r in range(repeats)]
+    plan = [
+        (u, c, r)
+        for u in ([url] + ([against] if against else []))
+        for c in concurrencies
+        for r in range(repeats)
+    ]
     bar = None
     if show_progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(plan) * len(calls), unit="req", desc="rmgate check")
     verdicts, reference = [], None
     try:
         for n, (u, conc, rep) in enumerate(plan):
-            run = await replay(u, calls, shuffled(len(calls), 1000 + n), conc, progress=bar,
-                               headers=headers)
+            run = await replay(
+                u, calls, shuffled(len(calls), 1000 + n), conc, progress=bar, headers=headers
+            )
             label = f"{'B' if u == against and against else 'A'} c={conc} #{rep + 1}"
             if reference is None:
                 reference = run
@@ -248,15 +291,25 @@ async def check(url: str, calls: list[Call], concurrencies: list[int], repeats: 
 
 def format_table(verdicts: list[RunVerdict]) -> str:
     """The verdict table; ``slots used`` and ``classes`` are information, not differences."""
-    head = f"{'run':<22}{'requests':>9}{'identical':>10}{'differing':>10}{'failed':>8}" \
-           f"{'max |diff|':>12}{'other class':>13}  slots used  classes"
+    head = (
+        f"{'run':<22}{'requests':>9}{'identical':>10}{'differing':>10}{'failed':>8}"
+        f"{'max |diff|':>12}{'other class':>13}  slots used  classes"
+    )
     lines = [head, "-" * len(head)]
     for v in verdicts:
-        lines.append(f"{v.label:<22}{v.requests:>9}{v.identical:>10}{v.differing:>10}"
-                     f"{v.failed:>8}{v.max_abs_diff:>12.3g}{v.other_class:>13}  "
-                     f"{','.join(v.slots) or '-':<10}  {','.join(v.classes) or '-'}")
+        lines.append(
+            f"{v.label:<22}{v.requests:>9}{v.identical:>10}{v.differing:>10}"
+            f"{v.failed:>8}{v.max_abs_diff:>12.3g}{v.other_class:>13}  "
+            f"{','.join(v.slots) or '-':<10}  {','.join(v.classes) or '-'}"
+        )
     ok = all(v.ok for v in verdicts)
-    lines.append("VERDICT: " + ("IDENTICAL — every answer matched bitwise (scores, text, "
-                                "logprobs, seed, numerics class)" if ok else
-                                "DIFFERENT — see the differing/failed columns"))
+    lines.append(
+        "VERDICT: "
+        + (
+            "IDENTICAL — every answer matched bitwise (scores, text, "
+            "logprobs, seed, numerics class)"
+            if ok
+            else "DIFFERENT — see the differing/failed columns"
+        )
+    )
     return "\n".join(lines)

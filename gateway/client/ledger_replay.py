@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from gateway.client.check import Call, Result, RunVerdict, compare, essence, max_abs_diff
 from gateway.client.check import replay as send_all
@@ -22,8 +23,13 @@ from gateway.core.ledger_policy.row import LedgerRow
 
 #: Histogram bins of |diff| (upper bounds), the first for "changed in bits, not in value".
 BINS: tuple[tuple[str, float], ...] = (
-    ("0 (other bits)", 0.0), ("<= 1e-9", 1e-9), ("<= 1e-6", 1e-6), ("<= 1e-3", 1e-3),
-    ("<= 1e-1", 1e-1), ("> 1e-1", math.inf))
+    ("0 (other bits)", 0.0),
+    ("<= 1e-9", 1e-9),
+    ("<= 1e-6", 1e-6),
+    ("<= 1e-3", 1e-3),
+    ("<= 1e-1", 1e-1),
+    ("> 1e-1", math.inf),
+)
 
 
 @dataclass
@@ -48,22 +54,33 @@ def pick(rows: Iterable[LedgerRow], sample: int | None, seed: int = 0) -> list[L
     return chosen
 
 
-async def replay_rows(url: str, rows: list[LedgerRow], concurrency: int = 16,
-                      headers: dict[str, str] | None = None, progress: Any = None,
-                      timeout_s: float = 600) -> ReplayReport:
+async def replay_rows(
+    url: str,
+    rows: list[LedgerRow],
+    concurrency: int = 16,
+    headers: dict[str, str] | None = None,
+    progress: Any = None,
+    timeout_s: float = 600,
+) -> ReplayReport:
     """Send every row with a body to ``url`` and compare with what was recorded."""
     usable = [r for r in rows if r.body is not None]
     calls = [Call(r.endpoint, json.loads(r.body or b"{}")) for r in usable]
-    reference = {i: Result(200, essence(r.endpoint, json.loads(r.answer)), str(r.slot), None,
-                           None) for i, r in enumerate(usable)}
-    run = await send_all(url, calls, list(range(len(calls))), concurrency, timeout_s,
-                         progress, headers)
+    reference = {
+        i: Result(200, essence(r.endpoint, json.loads(r.answer)), str(r.slot), None, None)
+        for i, r in enumerate(usable)
+    }
+    run = await send_all(
+        url, calls, list(range(len(calls))), concurrency, timeout_s, progress, headers
+    )
     for got in run.values():  # the verdict compares bits (and seeds, which a body fixes)
         got.seed = None
         got.numerics_class = None
     verdict = compare(f"replay ({len(calls)})", reference, run)
-    diffs = [max_abs_diff(reference[i].essence, run[i].essence) for i in reference
-             if run[i].status == 200 and run[i].essence != reference[i].essence]
+    diffs = [
+        max_abs_diff(reference[i].essence, run[i].essence)
+        for i in reference
+        if run[i].status == 200 and run[i].essence != reference[i].essence
+    ]
     return ReplayReport(verdict, diffs, len(rows) - len(usable))
 
 
@@ -77,15 +94,19 @@ def histogram(diffs: list[float]) -> list[tuple[str, int]]:
 def format_histogram(diffs: list[float], width: int = 40) -> str:
     rows = histogram(diffs)
     top = max((n for _, n in rows), default=0) or 1
-    return "\n".join(f"  |diff| {label:<15}{n:>7}  {'#' * math.ceil(width * n / top) if n else ''}"
-                     for label, n in rows)
+    return "\n".join(
+        f"  |diff| {label:<15}{n:>7}  {'#' * math.ceil(width * n / top) if n else ''}"
+        for label, n in rows
+    )
 
 
 def plot(diffs: list[float], path: str) -> None:
     """The histogram as a PNG (matplotlib, installed with rmgate's dev extra)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = histogram(diffs)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([label for label, _ in rows], [n for _, n in rows], color="#c0392b")

@@ -27,9 +27,10 @@ import random
 import threading
 import time
 import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, AsyncGenerator, Awaitable, Callable, Coroutine, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -70,11 +71,11 @@ class RetryPolicy:
             except ValueError:
                 pass
         # Jitter spreads retries of many clients; it cannot change a result.
-        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s) * (0.5 + _JITTER.random() / 2)
+        return min(self.backoff_s * 2**attempt, self.max_backoff_s) * (0.5 + _JITTER.random() / 2)
 
 
 def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 # close() called from inside the loop that owns a pool cannot block on it: it schedules the
@@ -195,11 +196,20 @@ class RewardClient:
     without that shutdown (``loop.close()`` by hand) leaves its pool to the garbage collector.
     """
 
-    def __init__(self, base_url: str, *, model: str | None = None, concurrency: int = 32,
-                 batch_size: int = 16, timeout_s: float = 300.0,
-                 total_timeout_s: float | None = None, retry: RetryPolicy | None = None,
-                 progress: bool | None = None, api_key: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        concurrency: int = 32,
+        batch_size: int = 16,
+        timeout_s: float = 300.0,
+        total_timeout_s: float | None = None,
+        retry: RetryPolicy | None = None,
+        progress: bool | None = None,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         if "://" not in base_url:
             base_url = "http://" + base_url  # verl passes host:port
         self.base_url = base_url.rstrip("/")
@@ -226,10 +236,14 @@ class RewardClient:
         # count a gateway sees from one client is bounded by `concurrency`, whatever the
         # number of calls. (httpx ignores `limits` when a `transport` is injected.)
         return httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout_s, headers=self.headers,
+            base_url=self.base_url,
+            timeout=self.timeout_s,
+            headers=self.headers,
             transport=self._transport,
-            limits=httpx.Limits(max_connections=self.concurrency,
-                                max_keepalive_connections=self.concurrency))
+            limits=httpx.Limits(
+                max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+            ),
+        )
 
     async def _pool(self) -> httpx.AsyncClient:
         """The pool of the running event loop, created on first use in that loop."""
@@ -270,8 +284,10 @@ class RewardClient:
                 self._finalizer = weakref.finalize(self, runner.stop, False)
         if threading.current_thread() is runner.thread:
             coro.close()
-            raise RuntimeError("a sync RewardClient method was called from the client's own "
-                               "loop thread; await the async method (ascore, ...) instead")
+            raise RuntimeError(
+                "a sync RewardClient method was called from the client's own "
+                "loop thread; await the async method (ascore, ...) instead"
+            )
         return runner.submit(coro)
 
     def close(self) -> None:
@@ -312,15 +328,23 @@ class RewardClient:
     def __enter__(self) -> RewardClient:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     async def __aenter__(self) -> RewardClient:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     # ---- low level --------------------------------------------------------------------
@@ -340,8 +364,9 @@ class RewardClient:
             retry_after = None
             try:
                 # the gateway's deadline is what is left of ours (it caps it at its own)
-                resp = await client.post(path, json=body, timeout=left,
-                                         headers={TIMEOUT_HEADER: f"{left:.3f}"})
+                resp = await client.post(
+                    path, json=body, timeout=left, headers={TIMEOUT_HEADER: f"{left:.3f}"}
+                )
             except httpx.TransportError as exc:  # connection refused/reset, read timeout
                 last = f"{type(exc).__name__}: {exc}"
             else:
@@ -352,8 +377,9 @@ class RewardClient:
                 except ValueError:
                     detail = resp.text
                 if resp.status_code not in RETRY_STATUSES:
-                    raise RewardRequestError(f"{path} answered {resp.status_code}: {detail}",
-                                             resp.status_code, detail)
+                    raise RewardRequestError(
+                        f"{path} answered {resp.status_code}: {detail}", resp.status_code, detail
+                    )
                 last = f"{resp.status_code}: {detail}"
                 retry_after = resp.headers.get("retry-after")
             if attempts >= self.retry.max_attempts:
@@ -362,11 +388,13 @@ class RewardClient:
             if time.monotonic() + pause >= deadline:
                 break  # the next attempt would start past the budget
             await asyncio.sleep(pause)
-        raise RewardRequestError(f"{path} failed after {attempts} attempts within its "
-                                 f"{budget:g}s budget: {last}")
+        raise RewardRequestError(
+            f"{path} failed after {attempts} attempts within its {budget:g}s budget: {last}"
+        )
 
-    async def _gather_ordered(self, jobs: list[Callable[[httpx.AsyncClient], Awaitable[T]]],
-                              total: int, unit: str) -> list[T]:
+    async def _gather_ordered(
+        self, jobs: list[Callable[[httpx.AsyncClient], Awaitable[T]]], total: int, unit: str
+    ) -> list[T]:
         """Run ``jobs`` with bounded concurrency; results in submission order.
 
         The semaphore is made per call, in the loop running this call (asyncio primitives
@@ -385,9 +413,10 @@ class RewardClient:
                 bar.update(len(results[i]) if isinstance(results[i], list) else 1)
 
         try:
-            await asyncio.wait_for(asyncio.gather(*(run(i) for i in range(len(jobs)))),
-                                   self.total_timeout_s)
-        except asyncio.TimeoutError:
+            await asyncio.wait_for(
+                asyncio.gather(*(run(i) for i in range(len(jobs)))), self.total_timeout_s
+            )
+        except TimeoutError:
             raise RewardRequestError(f"batch not done within {self.total_timeout_s}s") from None
         finally:
             if bar is not None:
@@ -405,12 +434,15 @@ class RewardClient:
         return tqdm(total=total, unit=unit, desc="rmgate")
 
     # ---- async API --------------------------------------------------------------------
-    async def ascore(self, items: Sequence[dict[str, Any]], model: str | None = None) -> list[float]:
+    async def ascore(
+        self, items: Sequence[dict[str, Any]], model: str | None = None
+    ) -> list[float]:
         """Rewards of ``items`` ({prompt or messages, response, label?}) via /v1/rewards."""
         return [r for r, _ in await self.ascore_detailed(items, model)]
 
-    async def ascore_detailed(self, items: Sequence[dict[str, Any]],
-                              model: str | None = None) -> list[tuple[float, dict[str, Any]]]:
+    async def ascore_detailed(
+        self, items: Sequence[dict[str, Any]], model: str | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
         model = model or self.model
         chunks = _chunks(list(items), self.batch_size)
 
@@ -421,13 +453,15 @@ class RewardClient:
                     body["model"] = model
                 out = await self._post(client, "/v1/rewards", body)
                 return list(zip(out["rewards"], out["details"]))
+
             return call
 
         parts = await self._gather_ordered([job(c) for c in chunks], len(items), "item")
         return [x for part in parts for x in part]
 
-    async def aclassify(self, texts: Sequence[str], model: str | None = None,
-                        use_activation: bool = False) -> list[float]:
+    async def aclassify(
+        self, texts: Sequence[str], model: str | None = None, use_activation: bool = False
+    ) -> list[float]:
         """The last class score of each text via /classify (raw logit by default)."""
         model = model or self.model
         chunks = _chunks(list(texts), self.batch_size)
@@ -439,6 +473,7 @@ class RewardClient:
                     body["model"] = model
                 out = await self._post(client, "/classify", body)
                 return [d["probs"][-1] for d in out["data"]]
+
             return call
 
         parts = await self._gather_ordered([job(c) for c in chunks], len(texts), "text")
@@ -446,10 +481,15 @@ class RewardClient:
 
     async def achat(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Chat completion responses (JSON) for each request body, in order."""
+
         def job(body: dict[str, Any]):
             async def call(client: httpx.AsyncClient) -> dict[str, Any]:
-                return await self._post(client, "/v1/chat/completions",
-                                        {"model": self.model, **body} if self.model else body)
+                return await self._post(
+                    client,
+                    "/v1/chat/completions",
+                    {"model": self.model, **body} if self.model else body,
+                )
+
             return call
 
         return await self._gather_ordered([job(b) for b in requests], len(requests), "request")
@@ -460,20 +500,25 @@ class RewardClient:
     def score(self, items: Sequence[dict[str, Any]], model: str | None = None) -> list[float]:
         return self._run(self.ascore(items, model))
 
-    def score_detailed(self, items: Sequence[dict[str, Any]],
-                       model: str | None = None) -> list[tuple[float, dict[str, Any]]]:
+    def score_detailed(
+        self, items: Sequence[dict[str, Any]], model: str | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
         return self._run(self.ascore_detailed(items, model))
 
-    def classify(self, texts: Sequence[str], model: str | None = None,
-                 use_activation: bool = False) -> list[float]:
+    def classify(
+        self, texts: Sequence[str], model: str | None = None, use_activation: bool = False
+    ) -> list[float]:
         return self._run(self.aclassify(texts, model, use_activation))
 
     def chat(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return self._run(self.achat(requests))
 
 
-def _close_pool(loop: asyncio.AbstractEventLoop, guard: AsyncGenerator[None, None],
-                current: asyncio.AbstractEventLoop | None) -> None:
+def _close_pool(
+    loop: asyncio.AbstractEventLoop,
+    guard: AsyncGenerator[None, None],
+    current: asyncio.AbstractEventLoop | None,
+) -> None:
     """Close a pool bound to ``loop`` (through its ``guard``) from sync code running in
     ``current`` (or none)."""
     if loop.is_closed():

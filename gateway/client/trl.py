@@ -13,7 +13,8 @@ column ``label_key`` when given. Imports no TRL (it needs nothing of it) and no 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.client.reward_client import RewardClient
 
@@ -38,9 +39,14 @@ def _item(prompt: Any, completion: Any, label: Any) -> dict[str, Any]:
     return item
 
 
-def reward_function(url: str, model: str, *, label_key: str | None = None,
-                    client: RewardClient | None = None, **client_kwargs: Any
-                    ) -> Callable[..., list[float]]:
+def reward_function(
+    url: str,
+    model: str,
+    *,
+    label_key: str | None = None,
+    client: RewardClient | None = None,
+    **client_kwargs: Any,
+) -> Callable[..., list[float]]:
     """A TRL reward function scoring with ``model`` (a served model or a reward program)
     over ``/v1/rewards``; one request per call, results in order, the client's retries and
     deadline included. ``client_kwargs`` go to ``RewardClient`` (``batch_size``,
@@ -50,8 +56,10 @@ def reward_function(url: str, model: str, *, label_key: str | None = None,
     def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
         labels = columns.get(label_key) if label_key else None
         labels = labels if labels is not None else [None] * len(completions)
-        return rc.score([_item(p, c, lab) for p, c, lab in
-                         zip(prompts, completions, labels, strict=True)], model)
+        return rc.score(
+            [_item(p, c, lab) for p, c, lab in zip(prompts, completions, labels, strict=True)],
+            model,
+        )
 
     reward.__name__ = model.replace("-", "_").replace(".", "_")
     reward.__qualname__ = reward.__name__

@@ -38,21 +38,24 @@ PROMPT_KEYS = ("messages", "raw_prompt", "prompt", "question")
 def _client(address: str | None, model: str | None) -> RewardClient:
     address = address or os.environ.get("RMGATE_URL")
     if not address:
-        raise ValueError("rmgate: pass reward_kwargs.reward_router_address=host:port "
-                         "(or set RMGATE_URL)")
+        raise ValueError(
+            "rmgate: pass reward_kwargs.reward_router_address=host:port (or set RMGATE_URL)"
+        )
     key = (address, model)
     client = _CLIENTS.get(key)  # the common case, lock-free (a dict read is atomic)
     if client is None:
         with _CLIENTS_LOCK:
             client = _CLIENTS.get(key)
             if client is None:
-                client = _CLIENTS[key] = RewardClient(address, model=model, concurrency=64,
-                                                      progress=False)
+                client = _CLIENTS[key] = RewardClient(
+                    address, model=model, concurrency=64, progress=False
+                )
     return client
 
 
-def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None,
-               prompt: Any = None) -> dict[str, Any]:
+def build_item(
+    solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None, prompt: Any = None
+) -> dict[str, Any]:
     """The /v1/rewards item for one verl sample."""
     source = prompt
     if source is None and extra_info:
@@ -63,7 +66,9 @@ def build_item(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] 
     else:
         item["prompt"] = "" if source is None else str(source)
     if ground_truth is not None:
-        item["label"] = ground_truth if isinstance(ground_truth, (str, int, float)) else str(ground_truth)
+        item["label"] = (
+            ground_truth if isinstance(ground_truth, (str, int, float)) else str(ground_truth)
+        )
     return item
 
 
@@ -73,8 +78,11 @@ def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
     takes a digit string); a detail without one counts as slot 0. A reward program's
     detail adds one ``rmgate_<component>`` per component (its transformed score, 0.0 where
     it failed), ``rmgate_failed_components`` and ``rmgate_default_used``."""
-    out = {"score": float(reward), "rmgate_slot": int(detail.get("slot", 0)),
-           "rmgate_parsed": float(detail.get("parsed", True))}
+    out = {
+        "score": float(reward),
+        "rmgate_slot": int(detail.get("slot", 0)),
+        "rmgate_parsed": float(detail.get("parsed", True)),
+    }
     components = detail.get("components")
     if isinstance(components, list):
         for comp in components:
@@ -85,20 +93,34 @@ def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
-                  extra_info: dict[str, Any] | None = None, *,
-                  reward_router_address: str | None = None, model: str | None = None,
-                  prompt: Any = None, **_: Any) -> dict[str, Any]:
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any = None,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    reward_router_address: str | None = None,
+    model: str | None = None,
+    prompt: Any = None,
+    **_: Any,
+) -> dict[str, Any]:
     """verl's custom reward function (sync; verl runs it in an executor)."""
     item = build_item(solution_str, ground_truth, extra_info, prompt)
     reward, detail = _client(reward_router_address, model).score_detailed([item])[0]
     return _result(reward, detail)
 
 
-async def compute_score_async(data_source: str, solution_str: str, ground_truth: Any = None,
-                              extra_info: dict[str, Any] | None = None, *,
-                              reward_router_address: str | None = None, model: str | None = None,
-                              prompt: Any = None, **_: Any) -> dict[str, Any]:
+async def compute_score_async(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any = None,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    reward_router_address: str | None = None,
+    model: str | None = None,
+    prompt: Any = None,
+    **_: Any,
+) -> dict[str, Any]:
     """The same as ``compute_score`` for verl's async reward loop."""
     item = build_item(solution_str, ground_truth, extra_info, prompt)
     reward, detail = (await _client(reward_router_address, model).ascore_detailed([item]))[0]

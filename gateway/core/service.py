@@ -30,9 +30,14 @@ from gateway.core.vllm_api.endpoints import VllmEndpoints
 class RewardService:
     """Every scoring endpoint of one ingress replica, over ``transport``."""
 
-    def __init__(self, config: AppConfig, transport: Transport,
-                 slots: SlotTable | None = None, ledger: RewardLedger | None = None,
-                 rules: RuleRunner | None = None) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        transport: Transport,
+        slots: SlotTable | None = None,
+        ledger: RewardLedger | None = None,
+        rules: RuleRunner | None = None,
+    ) -> None:
         self.config = config
         self.transport = transport
         self.router = Router(config, transport, slots, ledger)
@@ -51,8 +56,9 @@ class RewardService:
         """A scale event: each named model's new slot count (``Router.set_slot_counts``)."""
         return self.router.set_slot_counts(counts)
 
-    def resolve_model(self, name: str | None, kind: Kind | None,
-                      default: str | None = None) -> ModelSpec:
+    def resolve_model(
+        self, name: str | None, kind: Kind | None, default: str | None = None
+    ) -> ModelSpec:
         """The model a request names (``Router.resolve_model``)."""
         return self.router.resolve_model(name, kind, default)
 
@@ -61,39 +67,48 @@ class RewardService:
         return await self.vllm.models(timeout_s)
 
     # ---- the scoring endpoints: (raw body, deadline, cache ask) -> result -------------
-    async def chat_completions(self, raw: bytes, deadline: Deadline | None = None,
-                               use_cache: bool | None = None) -> GatewayResult:
+    async def chat_completions(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /v1/chat/completions`` (a generative model)."""
-        return await self.vllm.generate("/v1/chat/completions", raw,
-                                        deadline or self.deadline(), use_cache)
+        return await self.vllm.generate(
+            "/v1/chat/completions", raw, deadline or self.deadline(), use_cache
+        )
 
-    async def completions(self, raw: bytes, deadline: Deadline | None = None,
-                          use_cache: bool | None = None) -> GatewayResult:
+    async def completions(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /v1/completions`` (a generative model)."""
-        return await self.vllm.generate("/v1/completions", raw, deadline or self.deadline(),
-                                        use_cache)
+        return await self.vllm.generate(
+            "/v1/completions", raw, deadline or self.deadline(), use_cache
+        )
 
-    async def classify(self, raw: bytes, deadline: Deadline | None = None,
-                       use_cache: bool | None = None) -> GatewayResult:
+    async def classify(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /classify`` (a discriminative model)."""
         return await self.vllm.pool("/classify", raw, deadline or self.deadline(), use_cache)
 
-    async def pooling(self, raw: bytes, deadline: Deadline | None = None,
-                      use_cache: bool | None = None) -> GatewayResult:
+    async def pooling(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /pooling`` (a discriminative model)."""
         return await self.vllm.pool("/pooling", raw, deadline or self.deadline(), use_cache)
 
-    async def embeddings(self, raw: bytes, deadline: Deadline | None = None,
-                         use_cache: bool | None = None) -> GatewayResult:
+    async def embeddings(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /v1/embeddings`` (a discriminative model's raw logits)."""
         return await self.vllm.embed(raw, deadline or self.deadline(), use_cache)
 
-    async def rewards(self, raw: bytes, deadline: Deadline | None = None,
-                      use_cache: bool | None = None) -> GatewayResult:
+    async def rewards(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /v1/rewards``."""
         return await self.scoring.rewards(raw, deadline or self.deadline(), use_cache)
 
-    async def get_reward(self, raw: bytes, deadline: Deadline | None = None,
-                         use_cache: bool | None = None) -> GatewayResult:
+    async def get_reward(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /get_reward`` (OpenRLHF's remote reward protocol)."""
         return await self.scoring.get_reward(raw, deadline or self.deadline(), use_cache)

@@ -21,15 +21,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from deployments.engine.process import free_port
 from gateway.harness.processes import end_leftovers, processes_with_env, stop_process_group
 from gateway.harness.running import REPO, wait_until_serving
-
 
 #: The node label every node gets, its name: slots placed by ``label_selector`` use it.
 NODE_LABEL = "rmgate-node"
@@ -75,8 +75,9 @@ class Node:
         return sorted(self.logs.glob(f"{model}-*.log"))
 
 
-def _serve_nodes(names: list[str], markers: list[str], workdir: Path, num_cpus: int,
-                 address_file: Path) -> None:
+def _serve_nodes(
+    names: list[str], markers: list[str], workdir: Path, num_cpus: int, address_file: Path
+) -> None:
     """This process: start the nodes with Ray's own test-cluster helper, write the GCS
     address, wait for SIGTERM/SIGINT, then shut every node down.
 
@@ -93,13 +94,16 @@ def _serve_nodes(names: list[str], markers: list[str], workdir: Path, num_cpus: 
     try:
         for i, (name, marker) in enumerate(zip(names, markers)):
             # what this node's raylet (and so every worker and engine it starts) inherits
-            os.environ.update(RMGATE_TEST_NODE=marker,
-                              RMGATE_LOG_DIR=str(workdir / f"node-{name}"))
-            cluster.add_node(num_cpus=num_cpus, resources={name: 1},
-                             labels={NODE_LABEL: name},
-                             node_ip_address="127.0.0.1", include_dashboard=False,
-                             object_store_memory=300 * 1024 * 1024,
-                             **({"node_manager_port": 0} if i else {}))
+            os.environ.update(RMGATE_TEST_NODE=marker, RMGATE_LOG_DIR=str(workdir / f"node-{name}"))
+            cluster.add_node(
+                num_cpus=num_cpus,
+                resources={name: 1},
+                labels={NODE_LABEL: name},
+                node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                object_store_memory=300 * 1024 * 1024,
+                **(dict[str, Any](node_manager_port=0) if i else {}),
+            )
         cluster.wait_for_nodes()
         partial = address_file.with_suffix(".partial")
         partial.write_text(cluster.address)
@@ -120,8 +124,9 @@ def end_node(node: Node, timeout_s: float = 30) -> list[int]:
 
 
 @contextmanager
-def local_cluster(names: list[str], workdir: Path, num_cpus: int = 2,
-                  timeout_s: float = 180) -> Iterator[tuple[str, dict[str, Node]]]:
+def local_cluster(
+    names: list[str], workdir: Path, num_cpus: int = 2, timeout_s: float = 180
+) -> Iterator[tuple[str, dict[str, Node]]]:
     """(GCS address, nodes by name); the first name is the head. Ends every node by pid."""
     run = uuid.uuid4().hex[:8]
     nodes: dict[str, Node] = {}
@@ -132,18 +137,38 @@ def local_cluster(names: list[str], workdir: Path, num_cpus: int = 2,
         nodes[name] = Node(name, f"rmgate-node-{name}-{run}", logs)
     address_file = workdir / f"cluster-{run}.address"
     log = workdir / f"cluster-{run}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-           "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+        "PYTHONPATH": str(REPO),
+    }
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.harness.cluster", "--workdir", str(workdir),
-             "--num-cpus", str(num_cpus), "--address-file", str(address_file),
-             *[f"{n.name}={n.marker}" for n in nodes.values()]],
-            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "gateway.harness.cluster",
+                "--workdir",
+                str(workdir),
+                "--num-cpus",
+                str(num_cpus),
+                "--address-file",
+                str(address_file),
+                *[f"{n.name}={n.marker}" for n in nodes.values()],
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        if not wait_for(lambda: address_file.exists() or proc.poll() is not None, timeout_s) \
-                or not address_file.exists():
+        if (
+            not wait_for(lambda: address_file.exists() or proc.poll() is not None, timeout_s)
+            or not address_file.exists()
+        ):
             raise RuntimeError(f"the cluster did not start:\n{log.read_text()[-4000:]}")
         yield address_file.read_text().strip(), nodes
     finally:
@@ -163,9 +188,14 @@ def local_cluster(names: list[str], workdir: Path, num_cpus: int = 2,
 
 
 @contextmanager
-def rmgate_on_cluster(config: Path, address: str, workdir: Path, timeout_s: float = 900,
-                      proxy: str = "serve", routes: tuple[str, ...] = ("",)
-                      ) -> Iterator[str]:
+def rmgate_on_cluster(
+    config: Path,
+    address: str,
+    workdir: Path,
+    timeout_s: float = 900,
+    proxy: str = "serve",
+    routes: tuple[str, ...] = ("",),
+) -> Iterator[str]:
     """``rmgate serve CONFIG --address ADDRESS`` on a free port; yields its URL. Stopping it
     (SIGINT) deletes its applications and leaves the cluster running.
 
@@ -175,12 +205,28 @@ def rmgate_on_cluster(config: Path, address: str, workdir: Path, timeout_s: floa
     port = free_port()
     log = workdir / f"serve-{port}.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(config),
-                                 "--port", str(port), "--address", address, "--proxy", proxy,
-                                 "--proxy-location", "HeadOnly"],
-                                cwd=REPO, env={**os.environ, "RAY_AUTH_MODE": "token",
-                                               "HF_HUB_OFFLINE": "1"},
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                str(config),
+                "--port",
+                str(port),
+                "--address",
+                address,
+                "--proxy",
+                proxy,
+                "--proxy-location",
+                "HeadOnly",
+            ],
+            cwd=REPO,
+            env={**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         for route in routes:  # each gateway's route prefix
@@ -203,8 +249,9 @@ def wait_for(predicate, timeout_s: float, every_s: float = 0.5) -> bool:
 def main() -> None:
     import argparse
 
-    ap = argparse.ArgumentParser(description="Run a local multi-node Ray cluster until "
-                                 "SIGTERM (used by local_cluster).")
+    ap = argparse.ArgumentParser(
+        description="Run a local multi-node Ray cluster until SIGTERM (used by local_cluster)."
+    )
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--address-file", type=Path, required=True)

@@ -63,8 +63,9 @@ def snapshot() -> dict[int, tuple[str, float]]:
     return out
 
 
-def cpu_ms_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-                       requests: int) -> dict[str, float]:
+def cpu_ms_per_request(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], requests: int
+) -> dict[str, float]:
     """CPU milliseconds per request by component between two snapshots."""
     total = dict.fromkeys(COMPONENTS, 0.0)
     for pid, (part, seconds) in after.items():

@@ -38,16 +38,21 @@ def create_app(backends: list[str]) -> FastAPI:
     # Idle connections expire before the engines' own keep-alive (uvicorn, 5 s) closes
     # them: at httpx's default of 5 s a request could go out on a connection the engine was
     # closing at that instant, a RemoteProtocolError the proxy would answer with a bare 500.
-    client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(
-        max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0))
+    client = httpx.AsyncClient(
+        timeout=600,
+        limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0
+        ),
+    )
 
     @app.post("/{path:path}")
     async def forward(path: str, request: Request) -> Response:
         backend = min(backends, key=lambda b: inflight[b])  # least loaded, first on ties
         inflight[backend] += 1
         try:
-            resp = await client.post(f"{backend}/{path}", content=await request.body(),
-                                     headers=headers[backend])
+            resp = await client.post(
+                f"{backend}/{path}", content=await request.body(), headers=headers[backend]
+            )
         except httpx.HTTPError as exc:  # say what failed instead of a bare 500
             return JSONResponse({"error": f"{backend}: {type(exc).__name__}: {exc}"}, 502)
         finally:
@@ -61,19 +66,31 @@ def create_app(backends: list[str]) -> FastAPI:
     return app
 
 
-def start_proxy(backends: list[str], logdir: Path,
-                niceness: int = 0) -> tuple[subprocess.Popen, str]:
+def start_proxy(
+    backends: list[str], logdir: Path, niceness: int = 0
+) -> tuple[subprocess.Popen, str]:
     """The least-loaded baseline proxy over ``backends``, at ``niceness`` (Ray starts every
     worker, so rmgate's HAProxy, ingress and engines, at ``RAY_worker_niceness``, 15 by
     default: on a saturated host a proxy left at 0 gets ~28x their CPU weight, see
     :func:`gateway.harness.slowdowns.ray_worker_niceness`)."""
     port = free_port()
     with open(logdir / f"proxy-{port}.log", "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.harness.least_loaded",
-                                 "--backends", ",".join(backends), "--port", str(port)],
-                                cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.harness.least_loaded",
+                "--backends",
+                ",".join(backends),
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+        )
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
         try:
@@ -92,8 +109,13 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9000)
     args = ap.parse_args()
-    uvicorn.run(create_app(args.backends.split(",")), host=args.host, port=args.port,
-                log_level="warning", access_log=False)
+    uvicorn.run(
+        create_app(args.backends.split(",")),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

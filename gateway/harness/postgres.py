@@ -30,8 +30,10 @@ def find_pg_bin() -> Path | None:
     found = shutil.which("pg_ctl")
     if found and (Path(os.path.realpath(found)).parent / "initdb").exists():
         return Path(os.path.realpath(found)).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-                      key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    versions = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
     return Path(versions[-1]).parent if versions else None
 
 
@@ -48,8 +50,10 @@ class ThrowawayPostgres:
         # ``base`` must be reachable by the postgres user when running as root
         found = bin_dir or find_pg_bin()
         if found is None:
-            raise FileNotFoundError("no PostgreSQL server binaries (pg_ctl, initdb) found; set "
-                                    "RMGATE_PG_BIN to their directory")
+            raise FileNotFoundError(
+                "no PostgreSQL server binaries (pg_ctl, initdb) found; set "
+                "RMGATE_PG_BIN to their directory"
+            )
         self.bin = found
         self.dir = Path(tempfile.mkdtemp(prefix="rmgate-pg-", dir=base))
         self.data = self.dir / "data"
@@ -58,8 +62,9 @@ class ThrowawayPostgres:
         if self.as_user:
             entry = pwd.getpwnam(self.as_user)
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "rmgate",
-                  "--no-sync", "-E", "UTF8")
+        self._run(
+            "initdb", "-D", str(self.data), "-A", "trust", "-U", "rmgate", "--no-sync", "-E", "UTF8"
+        )
 
     @property
     def dsn(self) -> str:
@@ -72,17 +77,28 @@ class ThrowawayPostgres:
         # none of the caller's RMGATE_* variables: the server is not one of the processes
         # a gateway started (tests find those by a marker in their environment)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RMGATE_")}
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              cwd=self.dir, env=env)
+        done = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.dir, env=env
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "
-                               f"{done.stdout.decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({done.returncode}): "
+                f"{done.stdout.decode(errors='replace')[-2000:]}"
+            )
 
     def start(self) -> None:
-        options = (f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off "
-                   "-c full_page_writes=off")
-        self._run("pg_ctl", "start", "-w", "-D", str(self.data), "-l",
-                  str(self.dir / "server.log"), "-o", options)
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c full_page_writes=off"
+        self._run(
+            "pg_ctl",
+            "start",
+            "-w",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-o",
+            options,
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "stop", "-w", "-D", str(self.data), "-m", mode)
@@ -98,7 +114,7 @@ class ThrowawayPostgres:
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "ThrowawayPostgres":
+    def __enter__(self) -> ThrowawayPostgres:
         self.start()
         return self
 

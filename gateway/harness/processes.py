@@ -11,8 +11,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 from urllib.parse import urlsplit
 
 from gateway.harness import cpu_accounting
@@ -54,9 +54,12 @@ def engine_launcher_pid(port: int | str) -> int:
         if entry.name.isdigit():
             try:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
-                if (b"deployments.engine.launcher" in cmd and b"--port" in cmd
-                        and cmd[cmd.index(b"--port") + 1] == str(port).encode()
-                        and os.getpgid(int(entry.name)) == int(entry.name)):
+                if (
+                    b"deployments.engine.launcher" in cmd
+                    and b"--port" in cmd
+                    and cmd[cmd.index(b"--port") + 1] == str(port).encode()
+                    and os.getpgid(int(entry.name)) == int(entry.name)
+                ):
                     return int(entry.name)
             except OSError:
                 continue
@@ -73,8 +76,9 @@ def engine_secret_headers(port: int | str) -> dict[str, str]:
 
     environ = (Path("/proc") / str(engine_launcher_pid(port)) / "environ").read_bytes()
     prefix = SECRET_ENV.encode() + b"="
-    secret = next((e[len(prefix):].decode() for e in environ.split(b"\0")
-                   if e.startswith(prefix)), None)
+    secret = next(
+        (e[len(prefix) :].decode() for e in environ.split(b"\0") if e.startswith(prefix)), None
+    )
     if secret is None:
         raise LookupError(f"the engine on port {port} has no {SECRET_ENV}")
     return engine_auth(secret)
@@ -115,8 +119,12 @@ def describe_processes(pids: Iterable[int]) -> list[str]:
     out = []
     for pid in pids:
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-                "utf-8", "replace")[:200]
+            cmd = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode("utf-8", "replace")[:200]
+            )
             ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
         except OSError:
             continue
@@ -168,8 +176,12 @@ def engine_requests_done(url: str, models: Iterable[str] | None = None) -> float
             argv = (Path("/proc") / str(where["engine_pid"]) / "cmdline").read_bytes()
             args = argv.decode().split("\0")
             port = args[args.index("--port") + 1]
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                             headers=engine_secret_headers(port)).text
-            total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                         if line.startswith("vllm:request_success_total"))
+            text = httpx.get(
+                f"http://127.0.0.1:{port}/metrics", timeout=30, headers=engine_secret_headers(port)
+            ).text
+            total += sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("vllm:request_success_total")
+            )
     return total

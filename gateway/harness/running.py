@@ -10,9 +10,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -32,20 +32,27 @@ def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
         if match:
             return match.group(1)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no dashboard address in {serve_log}:\n"
-                               f"{serve_log.read_text()[-2000:]}")
+            raise RuntimeError(
+                f"no dashboard address in {serve_log}:\n{serve_log.read_text()[-2000:]}"
+            )
         time.sleep(0.5)
 
 
 def metric_total(url: str, name: str) -> float:
     """The sum over every label set of one Prometheus counter or gauge on ``url/metrics``."""
     text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
+    )
 
 
-def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float,
-                       headers: dict[str, str] | None = None) -> None:
+def wait_until_serving(
+    url: str,
+    proc: subprocess.Popen,
+    log: Path,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Until every slot of every model reports a fingerprint (its engine is up)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -62,20 +69,31 @@ def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: f
 
 
 @contextmanager
-def running_gateway(config: Path, workdir: Path, timeout_s: float = 900,
-                    env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+def running_gateway(
+    config: Path, workdir: Path, timeout_s: float = 900, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, Path]]:
     """``rmgate serve CONFIG`` on a free port: yields (url, engine log dir); always stops
     it and checks that nothing it started is left."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log, engines = workdir / "serve.log", workdir / "engines"
     shutil.rmtree(engines, ignore_errors=True)  # a reused workdir must not show old engines
-    full_env = {**os.environ, "RMGATE_LOG_DIR": str(engines), "HF_HUB_OFFLINE": "1",
-                "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    full_env = {
+        **os.environ,
+        "RMGATE_LOG_DIR": str(engines),
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **(env or {}),
+    }
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", str(config),
-                                 "--port", str(port)], cwd=REPO, env=full_env, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", str(config), "--port", str(port)],
+            cwd=REPO,
+            env=full_env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, proc, log, timeout_s)

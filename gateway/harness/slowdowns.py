@@ -8,9 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from gateway.harness import cpu_accounting
 from gateway.harness.processes import group_pids
@@ -58,15 +58,17 @@ while True:
 
 
 @contextmanager
-def duty_cycled(pgids: list[int], stopped_s: float = 0.09,
-                running_s: float = 0.01) -> Iterator[None]:
+def duty_cycled(
+    pgids: list[int], stopped_s: float = 0.09, running_s: float = 0.01
+) -> Iterator[None]:
     """Make engines really slow, whatever the scheduler does: their whole process groups
     are stopped ``stopped_s`` out of every ``stopped_s + running_s`` (SIGSTOP/SIGCONT, from
     a process of its own), and always continued at the end. (Busy loops next to an engine
     do not slow it: CFS autogroup gives the engine's session its fair share whatever the
     number of loops.)"""
-    cycler = subprocess.Popen([sys.executable, "-c", _CYCLER, str(stopped_s), str(running_s),
-                               *map(str, pgids)])
+    cycler = subprocess.Popen(
+        [sys.executable, "-c", _CYCLER, str(stopped_s), str(running_s), *map(str, pgids)]
+    )
     try:
         yield
     finally:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -25,9 +26,11 @@ from gateway.http.routes import scoring_router
 VERSION = "0.1.0"
 
 
-def create_app(gateway: RewardService | None = None,
-               background: Sequence[Callable[[], Awaitable[Any]]] = (),
-               ledger: Any = None) -> FastAPI:
+def create_app(
+    gateway: RewardService | None = None,
+    background: Sequence[Callable[[], Awaitable[Any]]] = (),
+    ledger: Any = None,
+) -> FastAPI:
     """The ingress app; without ``gateway`` it answers 503 until one is installed.
     ``background`` coroutines (the canary, the ledger's writer) run while the app runs,
     cancelled at shutdown (the ledger flushes then). ``ledger`` answers
@@ -43,9 +46,13 @@ def create_app(gateway: RewardService | None = None,
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    app = FastAPI(title="rmgate", version=VERSION, lifespan=lifespan,
-                  description="Deterministic reward-model gateway: the same request body "
-                              "gives the same reward bits.")
+    app = FastAPI(
+        title="rmgate",
+        version=VERSION,
+        lifespan=lifespan,
+        description="Deterministic reward-model gateway: the same request body "
+        "gives the same reward bits.",
+    )
     app.state.gateway = gateway
     app.state.ledger = ledger
     install_error_handlers(app)
@@ -58,9 +65,11 @@ def create_app(gateway: RewardService | None = None,
     return app
 
 
-def ingress_app(gateway: RewardService | None = None,
-                background: Sequence[Callable[[], Awaitable[Any]]] = (),
-                ledger: Any = None) -> HotPath:
+def ingress_app(
+    gateway: RewardService | None = None,
+    background: Sequence[Callable[[], Awaitable[Any]]] = (),
+    ledger: Any = None,
+) -> HotPath:
     """What an ingress replica serves: the app of ``create_app`` behind the scoring
     endpoints' hot path (``gateway.http.hot_path``)."""
     return HotPath(create_app(gateway, background, ledger))

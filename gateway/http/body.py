@@ -42,7 +42,8 @@ def cache_asked(request: Request) -> bool | None:
     """What the request asks of the ledger's cache: ``x-rmgate-cache: off`` (also
     ``no-cache``, ``bypass``) False: an engine's answer, not the ledger's (``rmgate check``,
     ``rmgate ledger replay`` and the benchmarks send it); ``on`` True; anything else, or
-    nothing, None: the gateway's ``cache`` setting decides (``gateway.core.ledger_policy.reuse``)."""
+    nothing, None: the gateway's ``cache`` setting decides
+    (``gateway.core.ledger_policy.reuse``)."""
     value = request.headers.get(CACHE_HEADER, "").strip().lower()
     if value in CACHE_OFF_VALUES:
         return False

@@ -21,7 +21,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 logger = logging.getLogger("ray.serve")
 
@@ -62,8 +63,9 @@ class CancelOnDisconnect:
                 return
         await self._watched(scope, receive, send, buffered)
 
-    async def _watched(self, scope: dict[str, Any], receive: Receive, send: Send,
-                       buffered: list[Message]) -> None:
+    async def _watched(
+        self, scope: dict[str, Any], receive: Receive, send: Send, buffered: list[Message]
+    ) -> None:
         handler = asyncio.current_task()
         assert handler is not None
         answered = False
@@ -95,10 +97,12 @@ class CancelOnDisconnect:
 
 def _replay(buffered: list[Message], then: Receive) -> Receive:
     """A receive that returns ``buffered`` first, then defers to ``then``."""
+
     async def receive() -> Message:
         if buffered:
             return buffered.pop(0)
         return await then()
+
     return receive
 
 
@@ -120,8 +124,9 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve_direct_port(app: ASGIApp, host: str, port: int, max_body_bytes: int,
-                            keep_alive_s: float = 65.0) -> None:
+async def serve_direct_port(
+    app: ASGIApp, host: str, port: int, max_body_bytes: int, keep_alive_s: float = 65.0
+) -> None:
     """Serve ``app`` on ``host:port`` until cancelled (the app's lifespan ends: the replica
     stops); then stop accepting and let the requests in flight finish."""
     import uvicorn
@@ -133,9 +138,16 @@ async def serve_direct_port(app: ASGIApp, host: str, port: int, max_body_bytes: 
         return
     # no proxy-headers middleware: rmgate reads no client address (one ASGI layer less per
     # request); no access log (the request metrics count every request)
-    server = uvicorn.Server(uvicorn.Config(
-        CancelOnDisconnect(app, max_body_bytes), lifespan="off", access_log=False,
-        log_config=None, timeout_keep_alive=int(keep_alive_s), proxy_headers=False))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            CancelOnDisconnect(app, max_body_bytes),
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=int(keep_alive_s),
+            proxy_headers=False,
+        )
+    )
     # the replica's signals stay Serve's (uvicorn takes them when it runs in the main thread)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     logger.info("rmgate: the ingress also serves on %s:%d (SO_REUSEPORT)", host, port)

@@ -15,8 +15,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.core.api.errors import (InternalError, InvalidSchema, MethodNotAllowed, RmgateError,
-                                 RouteNotFound, validation_message)
+from gateway.core.api.errors import (
+    InternalError,
+    InvalidSchema,
+    MethodNotAllowed,
+    RmgateError,
+    RouteNotFound,
+    validation_message,
+)
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
 
@@ -38,7 +44,8 @@ class ErrorResponse(BaseModel):
 
 #: Statuses each engine endpoint can answer besides 200 (for the OpenAPI document).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": text} for status, text in (
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
         (400, "bad JSON, unknown parameter combination, or the engine's own 4xx"),
         (401, "missing or invalid API key (when auth is on)"),
         (404, "unknown model"),
@@ -47,7 +54,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (502, "the engine failed"),
         (503, "slot queue full or slot unavailable (Retry-After)"),
         (504, "the engine did not answer in time"),
-    )}
+    )
+}
 
 
 def error_response(err: RmgateError) -> JSONResponse:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from gateway.core.routing.deadline import Deadline
 from gateway.core.api.errors import RmgateError
 from gateway.core.api.results import GatewayResult
+from gateway.core.routing.deadline import Deadline
 from gateway.core.service import RewardService
 from gateway.http.auth import get_gateway
 from gateway.http.body import cache_asked, read_body, request_timeout
@@ -35,8 +35,12 @@ CLIENT_CLOSED = 499
 
 
 def render(result: GatewayResult) -> Response:
-    return Response(result.body, status_code=result.status, headers=result_headers(result),
-                    media_type="application/json")
+    return Response(
+        result.body,
+        status_code=result.status,
+        headers=result_headers(result),
+        media_type="application/json",
+    )
 
 
 async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:

@@ -31,8 +31,9 @@ def result_headers(result: GatewayResult) -> dict[str, str]:
         if result.failovers:
             headers["x-rmgate-failover"] = ",".join(f"{a}->{b}" for a, b in result.failovers)
         if result.placements:
-            headers["x-rmgate-placement"] = ",".join(f"{a}->{b}:{why}"
-                                                     for a, b, why in result.placements)
+            headers["x-rmgate-placement"] = ",".join(
+                f"{a}->{b}:{why}" for a, b, why in result.placements
+            )
         if result.numerics_classes:
             headers["x-rmgate-class"] = ",".join(result.numerics_classes)
         if result.fingerprints:

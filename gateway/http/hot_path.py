@@ -14,7 +14,8 @@ goes through FastAPI.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -49,8 +50,11 @@ class HotPath:
         return getattr(self.app, name)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        route = self.hot.get(get_route_path(scope)) if (
-            scope["type"] == "http" and scope["method"] == "POST") else None
+        route = (
+            self.hot.get(get_route_path(scope))
+            if (scope["type"] == "http" and scope["method"] == "POST")
+            else None
+        )
         if route is None:
             await self.app(scope, receive, send)
             return

@@ -8,21 +8,28 @@ sends a POST to one of these paths straight to the same handler, in front of Fas
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from gateway.core.api.schemas import (ChatCompletionRequest, ClassifyRequest,
-                                      CompletionRequest, EmbeddingRequest, GetRewardRequest,
-                                      RewardsRequest)
+from gateway.core.api.schemas import (
+    ChatCompletionRequest,
+    ClassifyRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GetRewardRequest,
+    RewardsRequest,
+)
 from gateway.core.service import RewardService
 from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
 from gateway.http.handler import CoreCall, serve
+
 
 @dataclass(frozen=True)
 class ScoringRoute:
@@ -52,35 +59,58 @@ class ScoringRoute:
 
 
 SCORING_ROUTES: tuple[ScoringRoute, ...] = (
-    ScoringRoute("/v1/chat/completions", RewardService.chat_completions,
-                 ChatCompletionRequest, "generative"),
-    ScoringRoute("/v1/completions", RewardService.completions, CompletionRequest,
-                 "generative"),
+    ScoringRoute(
+        "/v1/chat/completions", RewardService.chat_completions, ChatCompletionRequest, "generative"
+    ),
+    ScoringRoute("/v1/completions", RewardService.completions, CompletionRequest, "generative"),
     ScoringRoute("/classify", RewardService.classify, ClassifyRequest, "discriminative"),
     ScoringRoute("/pooling", RewardService.pooling, ClassifyRequest, "discriminative"),
     # SGLang serves a classifier's logits as its embedding; verl's SGLang reward path
     # reads data[-1].embedding[-1]: the DisRM's /classify score, same bits.
-    ScoringRoute("/v1/embeddings", RewardService.embeddings, EmbeddingRequest,
-                 "discriminative"),
-    ScoringRoute("/v1/rewards", RewardService.rewards, RewardsRequest, "rewards",
-                 "One reward per item (prompt or messages, response, label), in item order."),
-    ScoringRoute("/get_reward", RewardService.get_reward, GetRewardRequest, "rewards",
-                 "OpenRLHF's remote reward protocol: query/prompts/labels -> rewards/scores."),
+    ScoringRoute("/v1/embeddings", RewardService.embeddings, EmbeddingRequest, "discriminative"),
+    ScoringRoute(
+        "/v1/rewards",
+        RewardService.rewards,
+        RewardsRequest,
+        "rewards",
+        "One reward per item (prompt or messages, response, label), in item order.",
+    ),
+    ScoringRoute(
+        "/get_reward",
+        RewardService.get_reward,
+        GetRewardRequest,
+        "rewards",
+        "OpenRLHF's remote reward protocol: query/prompts/labels -> rewards/scores.",
+    ),
 )
 
 
 def body_doc(schema: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI ``requestBody`` for a handler that reads the raw body itself (size limit,
     bad JSON -> 400, schema -> 422, in ``gateway.core.api.parsing``)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": schema.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": schema.model_json_schema(ref_template="#/components/schemas/{model}")
+                }
+            },
+        }
+    }
 
 
 def scoring_router(auth: bool = True) -> APIRouter:
     """Every scoring route on FastAPI (the API-key check where keys are configured)."""
     router = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES)
     for route in SCORING_ROUTES:
-        router.add_api_route(route.path, route.handler(), methods=["POST"], tags=[route.tag],
-                             name=route.name, openapi_extra=body_doc(route.schema),
-                             description=route.description)
+        router.add_api_route(
+            route.path,
+            route.handler(),
+            methods=["POST"],
+            tags=[route.tag],
+            name=route.name,
+            openapi_extra=body_doc(route.schema),
+            description=route.description,
+        )
     return router

@@ -49,13 +49,16 @@ class RecentRows:
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
 
-    def forget(self, model: str, numerics_class: str | None = None,
-               slot: int | None = None) -> int:
+    def forget(self, model: str, numerics_class: str | None = None, slot: int | None = None) -> int:
         """Drop a model's rows (of one class, of one slot): what an invalidation stops
         hitting."""
-        gone = [k for k, r in self._rows.items() if r.model == model
-                and (numerics_class is None or r.numerics_class == numerics_class)
-                and (slot is None or r.slot == slot)]
+        gone = [
+            k
+            for k, r in self._rows.items()
+            if r.model == model
+            and (numerics_class is None or r.numerics_class == numerics_class)
+            and (slot is None or r.slot == slot)
+        ]
         for k in gone:
             del self._rows[k]
         return len(gone)
@@ -64,9 +67,16 @@ class RecentRows:
 class Ledger:
     """Recent rows in memory over a store, and the writer that fills the store."""
 
-    def __init__(self, store: SqlLedger, writer: LedgerWriter, recent: int = 100_000, *,
-                 poll_s: float = 2.0, retention_days: float | None = None,
-                 retention_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        store: SqlLedger,
+        writer: LedgerWriter,
+        recent: int = 100_000,
+        *,
+        poll_s: float = 2.0,
+        retention_days: float | None = None,
+        retention_rows: int | None = None,
+    ) -> None:
         self.store = store
         self.writer = writer
         self.recent = RecentRows(recent)
@@ -76,15 +86,22 @@ class Ledger:
         self._seen_invalidation = 0
 
     @classmethod
-    def open(cls, settings: LedgerSettings) -> "Ledger":
+    def open(cls, settings: LedgerSettings) -> Ledger:
         """The ledger ``settings`` describe (raises ``LedgerTooNew``/``LedgerUnavailable``)."""
         store = open_store(settings)
-        writer = LedgerWriter(store, max_buffered=settings.max_buffered,
-                              batch_rows=settings.batch_rows,
-                              flush_interval_s=settings.flush_interval_s)
-        ledger = cls(store, writer, settings.memory_rows,
-                     retention_days=settings.retention_days,
-                     retention_rows=settings.retention_rows)
+        writer = LedgerWriter(
+            store,
+            max_buffered=settings.max_buffered,
+            batch_rows=settings.batch_rows,
+            flush_interval_s=settings.flush_interval_s,
+        )
+        ledger = cls(
+            store,
+            writer,
+            settings.memory_rows,
+            retention_days=settings.retention_days,
+            retention_rows=settings.retention_rows,
+        )
         try:
             ledger._seen_invalidation = store.last_invalidation()
         except Exception:  # noqa: BLE001 - a store down at start: learn them later
@@ -99,8 +116,11 @@ class Ledger:
             try:
                 row = await asyncio.to_thread(self.store.get, identity)
             except Exception as exc:  # noqa: BLE001 - never fail a request on the ledger
-                logger.warning("ledger: lookup failed (%s: %s); answering from an engine",
-                               type(exc).__name__, exc)
+                logger.warning(
+                    "ledger: lookup failed (%s: %s); answering from an engine",
+                    type(exc).__name__,
+                    exc,
+                )
                 return None
             if row is not None:
                 self.recent.put(row)
@@ -147,49 +167,63 @@ class Ledger:
 
     async def _learn_invalidations(self) -> None:
         try:
-            found = await asyncio.to_thread(self.store.invalidations_since,
-                                            self._seen_invalidation)
+            found = await asyncio.to_thread(self.store.invalidations_since, self._seen_invalidation)
         except Exception:  # noqa: BLE001 - the store is down: ask again next time
             return
         for inv in found:
             gone = self.recent.forget(inv.model, inv.numerics_class, inv.slot)
             self._seen_invalidation = inv.id
-            logger.warning("ledger: rows of model %s%s%s invalidated; %d forgotten from memory",
-                           inv.model, f" class {inv.numerics_class}" if inv.numerics_class
-                           else "", f" slot {inv.slot}" if inv.slot is not None else "", gone)
+            logger.warning(
+                "ledger: rows of model %s%s%s invalidated; %d forgotten from memory",
+                inv.model,
+                f" class {inv.numerics_class}" if inv.numerics_class else "",
+                f" slot {inv.slot}" if inv.slot is not None else "",
+                gone,
+            )
 
     async def _retain(self) -> None:
         if self.retention_days is None and self.retention_rows is None:
             return
         try:
             gone = await asyncio.to_thread(
-                self.store.prune, older_than_s=None if self.retention_days is None
-                else self.retention_days * 86400.0, keep_rows=self.retention_rows)
+                self.store.prune,
+                older_than_s=None if self.retention_days is None else self.retention_days * 86400.0,
+                keep_rows=self.retention_rows,
+            )
         except Exception as exc:  # noqa: BLE001
             logger.warning("ledger: retention failed (%s: %s)", type(exc).__name__, exc)
             return
         if gone:
             logger.info("ledger: retention deleted %d rows", gone)
 
-    async def invalidate(self, model: str, numerics_class: str | None = None,
-                         slot: int | None = None, reason: str = "invalidated") -> int:
+    async def invalidate(
+        self,
+        model: str,
+        numerics_class: str | None = None,
+        slot: int | None = None,
+        reason: str = "invalidated",
+    ) -> int:
         """Invalidate in the store (every process learns of it) and in memory now."""
         self.recent.forget(model, numerics_class, slot)
-        return await asyncio.to_thread(self.store.invalidate, model, numerics_class, slot,
-                                       reason)
+        return await asyncio.to_thread(self.store.invalidate, model, numerics_class, slot, reason)
 
 
 def open_store(settings: LedgerSettings) -> SqlLedger:
     """The store of ``settings``' backend."""
     from gateway.ledger.sql_store import LedgerUnavailable
+
     if settings.backend == "postgres":
         dsn = settings.resolved_dsn()
         if not dsn:
-            raise LedgerUnavailable(f"ledger.backend postgres needs `dsn` or the environment "
-                                    f"variable {settings.dsn_env}")
+            raise LedgerUnavailable(
+                f"ledger.backend postgres needs `dsn` or the environment "
+                f"variable {settings.dsn_env}"
+            )
         from gateway.ledger.postgres_store import PostgresLedger
+
         return PostgresLedger(dsn)
     if settings.backend == "sqlite":
         from gateway.ledger.sqlite_store import SqliteLedger
+
         return SqliteLedger(settings.sqlite_path())
     raise LedgerUnavailable("the ledger is off (gateway.ledger.backend: off)")

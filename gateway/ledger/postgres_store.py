@@ -10,13 +10,24 @@ lookups answer "not found" (the request goes to an engine), nothing fails a requ
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from gateway.ledger.sql_store import (SCHEMA_VERSION, Dialect, LedgerTooNew, LedgerUnavailable,
-                                      SqlLedger)
+from gateway.ledger.sql_store import (
+    SCHEMA_VERSION,
+    Dialect,
+    LedgerTooNew,
+    LedgerUnavailable,
+    SqlLedger,
+)
 
-POSTGRES = Dialect(mark="%s", blob="BYTEA", real="DOUBLE PRECISION", bigint="BIGINT",
-                   serial="BIGSERIAL PRIMARY KEY")
+POSTGRES = Dialect(
+    mark="%s",
+    blob="BYTEA",
+    real="DOUBLE PRECISION",
+    bigint="BIGINT",
+    serial="BIGSERIAL PRIMARY KEY",
+)
 #: pg_advisory_xact_lock key of rmgate's migrations ("rmgate" in ASCII).
 MIGRATION_LOCK = 0x726D67617465
 
@@ -30,13 +41,18 @@ class PostgresLedger(SqlLedger):
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:  # an optional dependency
-            raise LedgerUnavailable("ledger.backend postgres needs psycopg: pip install "
-                                    "'rmgate[ledger]'") from exc
+            raise LedgerUnavailable(
+                "ledger.backend postgres needs psycopg: pip install 'rmgate[ledger]'"
+            ) from exc
         self.where = _redacted(dsn)
-        self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, open=False,
-                                    kwargs={"autocommit": True,
-                                            "connect_timeout": int(connect_timeout_s)},
-                                    timeout=connect_timeout_s)
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            kwargs={"autocommit": True, "connect_timeout": int(connect_timeout_s)},
+            timeout=connect_timeout_s,
+        )
         self._pool.open(wait=True, timeout=connect_timeout_s)
         self._migrate()
 
@@ -44,19 +60,23 @@ class PostgresLedger(SqlLedger):
         with self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS rmgate_schema (version INTEGER NOT NULL)")
-            found = conn.execute("SELECT max(version) FROM rmgate_schema").fetchone()[0] or 0
+            row = conn.execute("SELECT max(version) FROM rmgate_schema").fetchone()
+            found = (row[0] if row else 0) or 0
             if found > SCHEMA_VERSION:
-                raise LedgerTooNew(f"the ledger at {self.where} has schema version {found}; "
-                                   f"this rmgate knows up to {SCHEMA_VERSION}: upgrade rmgate "
-                                   "or use another database")
+                raise LedgerTooNew(
+                    f"the ledger at {self.where} has schema version {found}; "
+                    f"this rmgate knows up to {SCHEMA_VERSION}: upgrade rmgate "
+                    "or use another database"
+                )
             steps = POSTGRES.migrations()
             for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in steps[version]:
                     conn.execute(statement)
                 conn.execute("INSERT INTO rmgate_schema (version) VALUES (%s)", (version,))
 
-    def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False,
-             fetch: bool = False) -> list[tuple[Any, ...]]:
+    def _run(
+        self, sql: str, params: Sequence[Any] = (), *, many: bool = False, fetch: bool = False
+    ) -> list[tuple[Any, ...]]:
         with self._pool.connection() as conn:
             cur = conn.execute(self._sql(sql), tuple(params))
             return list(cur.fetchall()) if fetch else []
@@ -77,9 +97,10 @@ def _redacted(dsn: str) -> str:
     """The DSN without its password (for messages and logs)."""
     try:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
         parts = conninfo_to_dict(dsn)
         if "password" in parts:
             parts["password"] = "***"
-        return make_conninfo(**parts)
+        return make_conninfo("", **parts)
     except Exception:  # noqa: BLE001 - a message, never a failure
         return "<dsn>"

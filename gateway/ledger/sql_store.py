@@ -13,17 +13,32 @@ stats``. Calls are blocking: the writer and the lookups run them in threads.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from gateway.core.ledger_policy.row import LedgerRow
 
 #: The schema this code reads and writes.
 SCHEMA_VERSION = 2
 
-COLUMNS = ("identity", "model", "numerics_class", "endpoint", "body_digest", "body", "answer",
-           "status", "score", "text", "slot", "fingerprint", "seed", "latency_s",
-           "recorded_at")
+COLUMNS = (
+    "identity",
+    "model",
+    "numerics_class",
+    "endpoint",
+    "body_digest",
+    "body",
+    "answer",
+    "status",
+    "score",
+    "text",
+    "slot",
+    "fingerprint",
+    "seed",
+    "latency_s",
+    "recorded_at",
+)
 
 
 class LedgerTooNew(RuntimeError):
@@ -47,7 +62,8 @@ class Dialect:
     def migrations(self) -> dict[int, tuple[str, ...]]:
         """Statements that take a database from version ``n - 1`` to ``n``."""
         return {
-            1: (f"""CREATE TABLE rewards (
+            1: (
+                f"""CREATE TABLE rewards (
                        identity TEXT PRIMARY KEY,
                        model TEXT NOT NULL,
                        numerics_class TEXT NOT NULL,
@@ -64,8 +80,10 @@ class Dialect:
                        latency_s {self.real} NOT NULL,
                        recorded_at {self.real} NOT NULL)""",
                 "CREATE INDEX rewards_by_model_time ON rewards (model, recorded_at)",
-                "CREATE INDEX rewards_by_class ON rewards (numerics_class)"),
-            2: (f"ALTER TABLE rewards ADD COLUMN invalidated_at {self.real}",
+                "CREATE INDEX rewards_by_class ON rewards (numerics_class)",
+            ),
+            2: (
+                f"ALTER TABLE rewards ADD COLUMN invalidated_at {self.real}",
                 f"""CREATE TABLE invalidations (
                        id {self.serial},
                        model TEXT NOT NULL,
@@ -78,7 +96,8 @@ class Dialect:
                        numerics_class TEXT NOT NULL,
                        outcome TEXT NOT NULL,
                        n {self.bigint} NOT NULL,
-                       PRIMARY KEY (model, numerics_class, outcome))"""),
+                       PRIMARY KEY (model, numerics_class, outcome))""",
+            ),
         }
 
 
@@ -97,8 +116,9 @@ class SqlLedger:
     where: str  # how the store names itself in messages
 
     # ---- what a backend provides -------------------------------------------------------
-    def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False,
-             fetch: bool = False) -> list[tuple[Any, ...]]:
+    def _run(
+        self, sql: str, params: Sequence[Any] = (), *, many: bool = False, fetch: bool = False
+    ) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -108,8 +128,9 @@ class SqlLedger:
         return sql.replace("?", self.dialect.mark)
 
     # ---- writing -------------------------------------------------------------------------
-    def write(self, rows: Sequence[LedgerRow],
-              counts: Mapping[tuple[str, str, str], int] | None = None) -> None:
+    def write(
+        self, rows: Sequence[LedgerRow], counts: Mapping[tuple[str, str, str], int] | None = None
+    ) -> None:
         """Insert ``rows`` (an identity already recorded is kept unless it was invalidated)
         and add ``counts`` (``(model, class, outcome) -> n``) in one transaction."""
         if not rows and not counts:
@@ -119,16 +140,24 @@ class SqlLedger:
         updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:])
         statements: list[tuple[str, list[tuple[Any, ...]]]] = []
         if values:
-            statements.append((
-                f"INSERT INTO rewards ({', '.join(COLUMNS)}, invalidated_at) "
-                f"VALUES ({marks}, NULL) ON CONFLICT (identity) DO UPDATE SET {updates}, "
-                "invalidated_at = NULL WHERE rewards.invalidated_at IS NOT NULL", values))
+            statements.append(
+                (
+                    f"INSERT INTO rewards ({', '.join(COLUMNS)}, invalidated_at) "
+                    f"VALUES ({marks}, NULL) ON CONFLICT (identity) DO UPDATE SET {updates}, "
+                    "invalidated_at = NULL WHERE rewards.invalidated_at IS NOT NULL",
+                    values,
+                )
+            )
         if counts:
-            statements.append((
-                "INSERT INTO cache_counts (model, numerics_class, outcome, n) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (model, numerics_class, outcome) DO UPDATE SET "
-                "n = cache_counts.n + excluded.n",
-                [(m, c, o, n) for (m, c, o), n in counts.items()]))
+            statements.append(
+                (
+                    "INSERT INTO cache_counts (model, numerics_class, outcome, n) "
+                    "VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (model, numerics_class, outcome) DO UPDATE SET "
+                    "n = cache_counts.n + excluded.n",
+                    [(m, c, o, n) for (m, c, o), n in counts.items()],
+                )
+            )
         self._transaction(statements)
 
     def _transaction(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
@@ -138,18 +167,22 @@ class SqlLedger:
     def get(self, identity: str, *, include_invalidated: bool = False) -> LedgerRow | None:
         """The row of ``identity`` (an invalidated one only when asked: the cache never)."""
         live = "" if include_invalidated else " AND invalidated_at IS NULL"
-        found = self._run(f"SELECT {', '.join(COLUMNS)} FROM rewards WHERE identity = ?{live}",
-                          (identity,), fetch=True)
+        found = self._run(
+            f"SELECT {', '.join(COLUMNS)} FROM rewards WHERE identity = ?{live}",
+            (identity,),
+            fetch=True,
+        )
         return None if not found else _row(found[0])
 
     def count(self) -> int:
         return int(self._run("SELECT count(*) FROM rewards", fetch=True)[0][0])
 
-    def rows(self, *, model: str | None = None, since: float | None = None,
-             batch: int = 1000) -> Iterator[LedgerRow]:
+    def rows(
+        self, *, model: str | None = None, since: float | None = None, batch: int = 1000
+    ) -> Iterator[LedgerRow]:
         """Every live row (of ``model``, recorded at or after ``since``), oldest first,
         read ``batch`` at a time."""
-        where, params = ["invalidated_at IS NULL"], []
+        where, params = ["invalidated_at IS NULL"], list[Any]()
         if model is not None:
             where.append("model = ?")
             params.append(model)
@@ -159,7 +192,9 @@ class SqlLedger:
                 f"SELECT {', '.join(COLUMNS)} FROM rewards WHERE {' AND '.join(where)} AND "
                 "(recorded_at > ? OR (recorded_at = ? AND identity > ?)) "
                 f"ORDER BY recorded_at, identity LIMIT {int(batch)}",
-                (*params, after[0], after[0], after[1]), fetch=True)
+                (*params, after[0], after[0], after[1]),
+                fetch=True,
+            )
             for raw in found:
                 yield _row(raw)
             if len(found) < batch:
@@ -170,28 +205,43 @@ class SqlLedger:
         """Per model and class: rows, and the cache's hits, shared answers and misses."""
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for model, cls, n, first, last in self._run(
-                "SELECT model, numerics_class, count(*), min(recorded_at), max(recorded_at) "
-                "FROM rewards WHERE invalidated_at IS NULL GROUP BY model, numerics_class",
-                fetch=True):
-            out[(model, cls)] = {"model": model, "numerics_class": cls, "rows": int(n),
-                                 "first": first, "last": last}
+            "SELECT model, numerics_class, count(*), min(recorded_at), max(recorded_at) "
+            "FROM rewards WHERE invalidated_at IS NULL GROUP BY model, numerics_class",
+            fetch=True,
+        ):
+            out[(model, cls)] = {
+                "model": model,
+                "numerics_class": cls,
+                "rows": int(n),
+                "first": first,
+                "last": last,
+            }
         for model, cls, outcome, n in self._run(
-                "SELECT model, numerics_class, outcome, n FROM cache_counts", fetch=True):
-            entry = out.setdefault((model, cls), {"model": model, "numerics_class": cls,
-                                                  "rows": 0, "first": None, "last": None})
+            "SELECT model, numerics_class, outcome, n FROM cache_counts", fetch=True
+        ):
+            entry = out.setdefault(
+                (model, cls),
+                {"model": model, "numerics_class": cls, "rows": 0, "first": None, "last": None},
+            )
             entry[outcome] = int(n)
         for entry in out.values():
             asked = sum(entry.get(k, 0) for k in ("hit", "shared", "miss"))
-            entry["hit_rate"] = (entry.get("hit", 0) + entry.get("shared", 0)) / asked \
-                if asked else None
+            entry["hit_rate"] = (
+                (entry.get("hit", 0) + entry.get("shared", 0)) / asked if asked else None
+            )
         return sorted(out.values(), key=lambda e: (e["model"], e["numerics_class"]))
 
     # ---- invalidation and retention ------------------------------------------------------
-    def invalidate(self, model: str, numerics_class: str | None = None,
-                   slot: int | None = None, reason: str = "rmgate ledger invalidate") -> int:
+    def invalidate(
+        self,
+        model: str,
+        numerics_class: str | None = None,
+        slot: int | None = None,
+        reason: str = "rmgate ledger invalidate",
+    ) -> int:
         """Stop hits for ``model``'s rows (of one class, answered by one slot); returns how
         many rows. Every ingress replica forgets them from memory within seconds."""
-        where, params = ["model = ?", "invalidated_at IS NULL"], [model]
+        where, params = ["model = ?", "invalidated_at IS NULL"], list[Any]([model])
         if numerics_class is not None:
             where.append("numerics_class = ?")
             params.append(numerics_class)
@@ -199,39 +249,57 @@ class SqlLedger:
             where.append("slot = ?")
             params.append(slot)
         now = time.time()
-        before = self._run(f"SELECT count(*) FROM rewards WHERE {' AND '.join(where)}",
-                           params, fetch=True)[0][0]
-        self._transaction([
-            (f"UPDATE rewards SET invalidated_at = ? WHERE {' AND '.join(where)}",
-             [(now, *params)]),
-            ("INSERT INTO invalidations (model, numerics_class, slot, reason, at) "
-             "VALUES (?, ?, ?, ?, ?)", [(model, numerics_class, slot, reason, now)])])
+        before = self._run(
+            f"SELECT count(*) FROM rewards WHERE {' AND '.join(where)}", params, fetch=True
+        )[0][0]
+        self._transaction(
+            [
+                (
+                    f"UPDATE rewards SET invalidated_at = ? WHERE {' AND '.join(where)}",
+                    [(now, *params)],
+                ),
+                (
+                    "INSERT INTO invalidations (model, numerics_class, slot, reason, at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(model, numerics_class, slot, reason, now)],
+                ),
+            ]
+        )
         return int(before)
 
     def invalidations_since(self, last_id: int) -> list[Invalidation]:
-        return [Invalidation(int(i), m, c, s) for i, m, c, s in self._run(
-            "SELECT id, model, numerics_class, slot FROM invalidations WHERE id > ? "
-            "ORDER BY id", (last_id,), fetch=True)]
+        return [
+            Invalidation(int(i), m, c, s)
+            for i, m, c, s in self._run(
+                "SELECT id, model, numerics_class, slot FROM invalidations WHERE id > ? "
+                "ORDER BY id",
+                (last_id,),
+                fetch=True,
+            )
+        ]
 
     def last_invalidation(self) -> int:
-        return int(self._run("SELECT coalesce(max(id), 0) FROM invalidations",
-                             fetch=True)[0][0])
+        return int(self._run("SELECT coalesce(max(id), 0) FROM invalidations", fetch=True)[0][0])
 
     def prune(self, *, older_than_s: float | None = None, keep_rows: int | None = None) -> int:
         """Delete rows older than ``older_than_s`` and past the newest ``keep_rows``."""
         before = self.count()
         statements: list[tuple[str, list[tuple[Any, ...]]]] = []
         if older_than_s is not None:
-            statements.append(("DELETE FROM rewards WHERE recorded_at < ?",
-                               [(time.time() - older_than_s,)]))
+            statements.append(
+                ("DELETE FROM rewards WHERE recorded_at < ?", [(time.time() - older_than_s,)])
+            )
         if keep_rows is not None:
-            statements.append((
-                "DELETE FROM rewards WHERE identity IN (SELECT identity FROM rewards "
-                f"ORDER BY recorded_at DESC, identity DESC OFFSET {int(keep_rows)})"
-                if self.dialect.mark == "%s" else
-                "DELETE FROM rewards WHERE identity IN (SELECT identity FROM rewards "
-                f"ORDER BY recorded_at DESC, identity DESC LIMIT -1 OFFSET {int(keep_rows)})",
-                [()]))
+            statements.append(
+                (
+                    "DELETE FROM rewards WHERE identity IN (SELECT identity FROM rewards "
+                    f"ORDER BY recorded_at DESC, identity DESC OFFSET {int(keep_rows)})"
+                    if self.dialect.mark == "%s"
+                    else "DELETE FROM rewards WHERE identity IN (SELECT identity FROM rewards "
+                    f"ORDER BY recorded_at DESC, identity DESC LIMIT -1 OFFSET {int(keep_rows)})",
+                    [()],
+                )
+            )
         if statements:
             self._transaction(statements)
         return before - self.count()

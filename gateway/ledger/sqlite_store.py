@@ -13,23 +13,26 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from gateway.ledger.sql_store import (COLUMNS, SCHEMA_VERSION, Dialect, LedgerTooNew,  # noqa: F401
-                                      SqlLedger)
+from gateway.ledger.sql_store import COLUMNS, SCHEMA_VERSION, Dialect, LedgerTooNew, SqlLedger  # noqa: F401
 
-SQLITE = Dialect(mark="?", blob="BLOB", real="REAL", bigint="INTEGER",
-                 serial="INTEGER PRIMARY KEY AUTOINCREMENT")
+SQLITE = Dialect(
+    mark="?", blob="BLOB", real="REAL", bigint="INTEGER", serial="INTEGER PRIMARY KEY AUTOINCREMENT"
+)
 
 
 def migrate(conn: sqlite3.Connection, path: Path | str) -> int:
     """Bring the database to ``SCHEMA_VERSION``; returns the version it had."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
-        raise LedgerTooNew(f"the ledger {path} has schema version {found}; this rmgate "
-                           f"knows up to {SCHEMA_VERSION}: upgrade rmgate, or point "
-                           "gateway.ledger.state_dir at another directory")
+        raise LedgerTooNew(
+            f"the ledger {path} has schema version {found}; this rmgate "
+            f"knows up to {SCHEMA_VERSION}: upgrade rmgate, or point "
+            "gateway.ledger.state_dir at another directory"
+        )
     steps = SQLITE.migrations()
     for version in range(found + 1, SCHEMA_VERSION + 1):
         with conn:  # one transaction per step: a crash mid-migration leaves the old version
@@ -52,8 +55,9 @@ class SqliteLedger(SqlLedger):
         self.where = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # one connection, used from the writer's thread and the readers' threads in turn
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                     timeout=30.0)
+        self._conn = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=30.0
+        )
         self._lock = threading.Lock()
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -61,8 +65,9 @@ class SqliteLedger(SqlLedger):
             self._conn.execute("PRAGMA busy_timeout=30000")
             migrate(self._conn, self.path)
 
-    def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False,
-             fetch: bool = False) -> list[tuple[Any, ...]]:
+    def _run(
+        self, sql: str, params: Sequence[Any] = (), *, many: bool = False, fetch: bool = False
+    ) -> list[tuple[Any, ...]]:
         with self._lock:
             cur = self._conn.execute(sql, tuple(params))
             return cur.fetchall() if fetch else []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from gateway.core.ledger_policy.row import LedgerRow
 from gateway.observability import metrics
@@ -24,8 +25,9 @@ logger = logging.getLogger("rmgate")
 class LedgerStore(Protocol):
     """Where rows go (``SqliteLedger``, the PostgreSQL store): blocking calls."""
 
-    def write(self, rows: Sequence[LedgerRow],
-              counts: Mapping[tuple[str, str, str], int] | None = None) -> None: ...
+    def write(
+        self, rows: Sequence[LedgerRow], counts: Mapping[tuple[str, str, str], int] | None = None
+    ) -> None: ...
 
     def get(self, identity: str) -> LedgerRow | None: ...
 
@@ -35,9 +37,15 @@ class LedgerStore(Protocol):
 class LedgerWriter:
     """Buffers rows and writes them in batches from one task."""
 
-    def __init__(self, store: LedgerStore, *, max_buffered: int = 100_000,
-                 batch_rows: int = 512, flush_interval_s: float = 0.2,
-                 retry_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        max_buffered: int = 100_000,
+        batch_rows: int = 512,
+        flush_interval_s: float = 0.2,
+        retry_s: float = 1.0,
+    ) -> None:
         self.store = store
         self.max_buffered = max_buffered
         self.batch_rows = batch_rows
@@ -65,8 +73,12 @@ class LedgerWriter:
             self.dropped += 1
             metrics.LEDGER_DROPPED.inc()
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                logger.error("ledger: buffer full (%d rows, the store is not keeping up); "
-                             "%d rows not recorded so far", self.max_buffered, self.dropped)
+                logger.error(
+                    "ledger: buffer full (%d rows, the store is not keeping up); "
+                    "%d rows not recorded so far",
+                    self.max_buffered,
+                    self.dropped,
+                )
             return
         self._buffer.append(row)
         metrics.LEDGER_BUFFERED.set(len(self._buffer))
@@ -96,8 +108,7 @@ class LedgerWriter:
         """Write what is buffered, batch by batch; False when the store refused a batch
         (its rows stay at the front of the buffer, in order)."""
         while self._buffer or self._counts:
-            batch = [self._buffer.popleft()
-                     for _ in range(min(self.batch_rows, len(self._buffer)))]
+            batch = [self._buffer.popleft() for _ in range(min(self.batch_rows, len(self._buffer)))]
             counts, self._counts = self._counts, Counter()
             self._writing = len(batch)
             try:
@@ -106,9 +117,13 @@ class LedgerWriter:
                 self._buffer.extendleft(reversed(batch))
                 self._counts.update(counts)
                 metrics.LEDGER_WRITE_ERRORS.inc()
-                logger.warning("ledger: write of %d rows failed (%s: %s); %d rows buffered, "
-                               "retrying", len(batch), type(exc).__name__, exc,
-                               len(self._buffer))
+                logger.warning(
+                    "ledger: write of %d rows failed (%s: %s); %d rows buffered, retrying",
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                    len(self._buffer),
+                )
                 return False
             finally:
                 self._writing = 0

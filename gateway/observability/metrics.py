@@ -6,10 +6,18 @@ so nothing here is shared across replicas: scrape every ingress replica, or run 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               ProcessCollector, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 if TYPE_CHECKING:
     from gateway.core.api.results import GatewayResult, Route
@@ -19,65 +27,139 @@ ProcessCollector(registry=REGISTRY)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-REQUESTS = Counter("rmgate_requests", "HTTP requests answered by the gateway",
-                   ["model", "endpoint", "status"], registry=REGISTRY)
-REQUEST_SECONDS = Histogram("rmgate_request_seconds", "Gateway latency per HTTP request",
-                            ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
-ENGINE_REQUESTS = Counter("rmgate_engine_requests", "Engine requests by slot and engine status",
-                          ["model", "slot", "status"], registry=REGISTRY)
-ENGINE_SECONDS = Histogram("rmgate_engine_seconds", "Engine latency per engine request",
-                           ["model", "slot"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
-INFLIGHT = Gauge("rmgate_slot_inflight", "Engine requests in flight per slot",
-                 ["model", "slot"], registry=REGISTRY)
-QUEUED = Gauge("rmgate_slot_queued", "Requests waiting for a slot's gate",
-               ["model", "slot"], registry=REGISTRY)
-SLOT_UNAVAILABLE = Counter("rmgate_slot_unavailable", "Retries while a slot's engine was "
-                           "unreachable (waiting for a restart)", ["model", "slot"],
-                           registry=REGISTRY)
-FAILOVERS = Counter("rmgate_failovers", "Requests answered by another slot than their own",
-                    ["model", "from_slot", "to_slot"], registry=REGISTRY)
-SEEDS_DERIVED = Counter("rmgate_seeds_derived", "GRM requests whose seed the gateway derived",
-                        ["model"], registry=REGISTRY)
-PLACED_AWAY = Counter("rmgate_placements_away", "Engine requests answered by a class mate of "
-                      "the key's own slot, by reason (load, drained, unavailable)",
-                      ["model", "reason"], registry=REGISTRY)
-ANSWER_SECONDS = Gauge("rmgate_slot_answer_seconds", "Seconds per answer of each slot's "
-                       "engine (EWMA of answered round trips, each divided by the requests "
-                       "it waited behind in a serialized engine)", ["model", "slot"],
-                       registry=REGISTRY)
-SLOT_CLASS = Gauge("rmgate_slot_class", "1 for each slot's numerics class (as last reported)",
-                   ["model", "slot", "numerics_class"], registry=REGISTRY)
-CANARY_DRIFT = Counter("rmgate_canary_drift", "Slots whose probe digest changed under a "
-                       "running gateway (they leave their numerics class)",
-                       ["model", "slot"], registry=REGISTRY)
-ENGINE_ABORTED = Counter("rmgate_engine_requests_aborted", "Engine requests abandoned before "
-                         "their answer, by reason: `deadline` (the request's deadline passed "
-                         "in the engine) or `cancelled` (a sibling item failed, or the client "
-                         "went away); their connection is closed, so vLLM aborts them",
-                         ["model", "slot", "reason"], registry=REGISTRY)
-CLIENT_DISCONNECTS = Counter("rmgate_client_disconnects", "Requests whose client went away "
-                             "before the answer (their work was cancelled)", ["endpoint"],
-                             registry=REGISTRY)
-LEDGER_WRITTEN = Counter("rmgate_ledger_rows_written", "Rows written to the reward ledger",
-                         registry=REGISTRY)
-LEDGER_DROPPED = Counter("rmgate_ledger_rows_dropped", "Rows not recorded: the ledger's "
-                         "buffer was full while its store was down or slow",
-                         registry=REGISTRY)
-LEDGER_WRITE_ERRORS = Counter("rmgate_ledger_write_errors", "Ledger batches the store "
-                              "refused (kept and retried)", registry=REGISTRY)
-LEDGER_BUFFERED = Gauge("rmgate_ledger_buffered", "Rows waiting for the ledger's writer",
-                        registry=REGISTRY)
-CACHE = Counter("rmgate_cache", "Engine requests by how the ledger's cache answered them: "
-                "`hit` (from the ledger, no engine call), `shared` (an identical request's "
-                "call in flight), `miss` (its own engine call)", ["model", "outcome"],
-                registry=REGISTRY)
+REQUESTS = Counter(
+    "rmgate_requests",
+    "HTTP requests answered by the gateway",
+    ["model", "endpoint", "status"],
+    registry=REGISTRY,
+)
+REQUEST_SECONDS = Histogram(
+    "rmgate_request_seconds",
+    "Gateway latency per HTTP request",
+    ["model", "endpoint"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+ENGINE_REQUESTS = Counter(
+    "rmgate_engine_requests",
+    "Engine requests by slot and engine status",
+    ["model", "slot", "status"],
+    registry=REGISTRY,
+)
+ENGINE_SECONDS = Histogram(
+    "rmgate_engine_seconds",
+    "Engine latency per engine request",
+    ["model", "slot"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+INFLIGHT = Gauge(
+    "rmgate_slot_inflight",
+    "Engine requests in flight per slot",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+QUEUED = Gauge(
+    "rmgate_slot_queued", "Requests waiting for a slot's gate", ["model", "slot"], registry=REGISTRY
+)
+SLOT_UNAVAILABLE = Counter(
+    "rmgate_slot_unavailable",
+    "Retries while a slot's engine was unreachable (waiting for a restart)",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+FAILOVERS = Counter(
+    "rmgate_failovers",
+    "Requests answered by another slot than their own",
+    ["model", "from_slot", "to_slot"],
+    registry=REGISTRY,
+)
+SEEDS_DERIVED = Counter(
+    "rmgate_seeds_derived",
+    "GRM requests whose seed the gateway derived",
+    ["model"],
+    registry=REGISTRY,
+)
+PLACED_AWAY = Counter(
+    "rmgate_placements_away",
+    "Engine requests answered by a class mate of "
+    "the key's own slot, by reason (load, drained, unavailable)",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+ANSWER_SECONDS = Gauge(
+    "rmgate_slot_answer_seconds",
+    "Seconds per answer of each slot's "
+    "engine (EWMA of answered round trips, each divided by the requests "
+    "it waited behind in a serialized engine)",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+SLOT_CLASS = Gauge(
+    "rmgate_slot_class",
+    "1 for each slot's numerics class (as last reported)",
+    ["model", "slot", "numerics_class"],
+    registry=REGISTRY,
+)
+CANARY_DRIFT = Counter(
+    "rmgate_canary_drift",
+    "Slots whose probe digest changed under a running gateway (they leave their numerics class)",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+ENGINE_ABORTED = Counter(
+    "rmgate_engine_requests_aborted",
+    "Engine requests abandoned before "
+    "their answer, by reason: `deadline` (the request's deadline passed "
+    "in the engine) or `cancelled` (a sibling item failed, or the client "
+    "went away); their connection is closed, so vLLM aborts them",
+    ["model", "slot", "reason"],
+    registry=REGISTRY,
+)
+CLIENT_DISCONNECTS = Counter(
+    "rmgate_client_disconnects",
+    "Requests whose client went away before the answer (their work was cancelled)",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+LEDGER_WRITTEN = Counter(
+    "rmgate_ledger_rows_written", "Rows written to the reward ledger", registry=REGISTRY
+)
+LEDGER_DROPPED = Counter(
+    "rmgate_ledger_rows_dropped",
+    "Rows not recorded: the ledger's buffer was full while its store was down or slow",
+    registry=REGISTRY,
+)
+LEDGER_WRITE_ERRORS = Counter(
+    "rmgate_ledger_write_errors",
+    "Ledger batches the store refused (kept and retried)",
+    registry=REGISTRY,
+)
+LEDGER_BUFFERED = Gauge(
+    "rmgate_ledger_buffered", "Rows waiting for the ledger's writer", registry=REGISTRY
+)
+CACHE = Counter(
+    "rmgate_cache",
+    "Engine requests by how the ledger's cache answered them: "
+    "`hit` (from the ledger, no engine call), `shared` (an identical request's "
+    "call in flight), `miss` (its own engine call)",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
 COMPONENT_FAILURES = Counter(
-    "rmgate_reward_component_failures", "Reward program components that failed for an item "
+    "rmgate_reward_component_failures",
+    "Reward program components that failed for an item "
     "(`reason`: timeout, crashed, error, unparsed, unreadable, engine) and were skipped or "
     "replaced by the default; under `on_failure: error` the request answers 422 instead",
-    ["program", "component", "reason"], registry=REGISTRY)
-REWARD_DEFAULTS = Counter("rmgate_reward_defaults", "Items whose reward was their program's "
-                          "`on_failure` default", ["program"], registry=REGISTRY)
+    ["program", "component", "reason"],
+    registry=REGISTRY,
+)
+REWARD_DEFAULTS = Counter(
+    "rmgate_reward_defaults",
+    "Items whose reward was their program's `on_failure` default",
+    ["program"],
+    registry=REGISTRY,
+)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 
@@ -111,7 +193,7 @@ def record_request(model: str, endpoint: str, status: int, seconds: float | None
         REQUEST_SECONDS.labels(model, endpoint).observe(seconds)
 
 
-def record_program(result: "GatewayResult") -> None:
+def record_program(result: GatewayResult) -> None:
     """A reward program's failed components and defaulted items of one answered request."""
     for failure in result.component_failures:
         COMPONENT_FAILURES.labels(failure.program, failure.component, failure.reason).inc()
@@ -119,7 +201,7 @@ def record_program(result: "GatewayResult") -> None:
         REWARD_DEFAULTS.labels(program).inc(n)
 
 
-def record_cache(model: str, routes: "Iterable[Route]") -> None:
+def record_cache(model: str, routes: Iterable[Route]) -> None:
     """How the cache answered each engine request of one answered request."""
     for route in routes:
         if route.cache is not None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
@@ -20,8 +21,7 @@ def _need_label(label: str | None, check: str) -> str:
     return label
 
 
-def exact_match(response: str, label: str | None, *, strip: bool,
-                case_sensitive: bool) -> float:
+def exact_match(response: str, label: str | None, *, strip: bool, case_sensitive: bool) -> float:
     gold = _need_label(label, "exact_match")
     a, b = (response.strip(), gold.strip()) if strip else (response, gold)
     if not case_sensitive:
@@ -65,13 +65,14 @@ def math_equivalent(response: str, label: str | None) -> float:
 
     # it warns on every call that its own timeouts are off: they are, on purpose
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    gold = parse(_need_label(label, "math_verify"), parsing_timeout=None)  # type: ignore[arg-type]
-    answer = parse(response, parsing_timeout=None)  # type: ignore[arg-type]
+    gold = parse(_need_label(label, "math_verify"), parsing_timeout=None)
+    answer = parse(response, parsing_timeout=None)
     return 1.0 if verify(gold, answer, timeout_seconds=None) else 0.0
 
 
-def length_penalty(response: str, label: str | None, *, max_length: int, unit: str,
-                   penalty: float) -> float:
+def length_penalty(
+    response: str, label: str | None, *, max_length: int, unit: str, penalty: float
+) -> float:
     length = len(response.split()) if unit == "words" else len(response)
     return -penalty * max(0, length - max_length)
 

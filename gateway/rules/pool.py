@@ -45,26 +45,36 @@ class RulePool:
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers or default_workers()
-        self._pool = ProcessPool(max_workers=self.workers, initializer=_die_with_the_ingress,
-                                 context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPool(
+            max_workers=self.workers,
+            initializer=_die_with_the_ingress,
+            context=multiprocessing.get_context("spawn"),
+        )
 
     async def run(self, call: RuleCall) -> float:
-        future = self._pool.schedule(run_check, args=(call.check, call.options, call.response,
-                                                      call.label), timeout=call.timeout_s)
+        future = self._pool.schedule(
+            run_check,
+            args=(call.check, call.options, call.response, call.label),
+            timeout=call.timeout_s,
+        )
         try:
             return await asyncio.wrap_future(future)
         except FutureTimeout:
-            raise RuleCheckFailed(f"{call.check} did not finish within {call.timeout_s:g} s "
-                                  f"(its worker was ended)", reason="timeout") from None
+            raise RuleCheckFailed(
+                f"{call.check} did not finish within {call.timeout_s:g} s (its worker was ended)",
+                reason="timeout",
+            ) from None
         except ProcessExpired as exc:
-            raise RuleCheckFailed(f"{call.check}'s worker process died ({exc})",
-                                  reason="crashed") from None
+            raise RuleCheckFailed(
+                f"{call.check}'s worker process died ({exc})", reason="crashed"
+            ) from None
         except asyncio.CancelledError:
             future.cancel()  # pebble ends the worker running it
             raise
         except Exception as exc:  # the check raised: a failure of this item's component
-            raise RuleCheckFailed(f"{call.check} failed: {type(exc).__name__}: {exc}",
-                                  reason="error") from None
+            raise RuleCheckFailed(
+                f"{call.check} failed: {type(exc).__name__}: {exc}", reason="error"
+            ) from None
 
     def close(self) -> None:
         self._pool.stop()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gateway.serve import topology
 
@@ -35,9 +36,11 @@ def alongside(existing: Mapping[str, dict[str, Any]], config: dict[str, Any]) ->
     ours = [a["name"] for a in config["applications"]]
     taken = sorted(set(ours) & set(existing))
     if taken:
-        raise ValueError(f"applications {taken} already run on this cluster (another "
-                         "`rmgate serve`?); stop it first, or give this config's "
-                         "applications other names")
+        raise ValueError(
+            f"applications {taken} already run on this cluster (another "
+            "`rmgate serve`?); stop it first, or give this config's "
+            "applications other names"
+        )
     return {**config, "applications": [*existing.values(), *config["applications"]]}
 
 
@@ -60,6 +63,8 @@ def deploy_local(config: dict[str, Any], timeout_s: float, keep_others: bool = F
     from ray.serve.schema import ServeDeploySchema
 
     client = _get_global_client()
+    if client is None:
+        raise RuntimeError("Serve is not running in this Ray cluster")
     names = {a["name"] for a in config["applications"]}  # waited for: ours only
     if keep_others:
         config = alongside(declarative_applications(client.get_serve_details()), config)
@@ -72,8 +77,12 @@ def deploy_local(config: dict[str, Any], timeout_s: float, keep_others: bool = F
     wait_until_running(statuses, names, timeout_s)
 
 
-def wait_until_running(statuses: Callable[[], dict[str, str]], names: set[str],
-                       timeout_s: float, gone: frozenset[str] | set[str] = frozenset()) -> None:
+def wait_until_running(
+    statuses: Callable[[], dict[str, str]],
+    names: set[str],
+    timeout_s: float,
+    gone: frozenset[str] | set[str] = frozenset(),
+) -> None:
     """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -85,8 +94,10 @@ def wait_until_running(statuses: Callable[[], dict[str, str]], names: set[str],
             return
         if time.monotonic() > deadline:
             pending = {n: now.get(n) for n in names if now.get(n) != "RUNNING"}
-            raise TimeoutError(f"not running after {timeout_s:.0f}s: {pending}; "
-                               f"still present: {sorted(gone & set(now))}")
+            raise TimeoutError(
+                f"not running after {timeout_s:.0f}s: {pending}; "
+                f"still present: {sorted(gone & set(now))}"
+            )
         time.sleep(1.0)
 
 
@@ -95,8 +106,7 @@ def ray_token_header() -> dict[str, str] | None:
     once per process (its C++ side caches it): in a process where Ray was imported and used
     before ``RAY_AUTH_MODE=token`` was set, its own client would send no token (401)."""
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
-    token = os.environ.get("RAY_AUTH_TOKEN") or (path.read_text().strip()
-                                                 if path.exists() else "")
+    token = os.environ.get("RAY_AUTH_TOKEN") or (path.read_text().strip() if path.exists() else "")
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
@@ -118,26 +128,33 @@ class ServeAdmin:
         for name, app in (self.details().get("applications") or {}).items():
             conf = app.get("deployed_app_config")
             if conf is None:
-                raise RuntimeError(f"application {name!r} was not deployed from a config "
-                                   "(serve.run?); start it with `rmgate serve` or "
-                                   "`serve deploy` of `rmgate render` output")
+                raise RuntimeError(
+                    f"application {name!r} was not deployed from a config "
+                    "(serve.run?); start it with `rmgate serve` or "
+                    "`serve deploy` of `rmgate render` output"
+                )
             apps.append(conf)
         return apps
 
     def statuses(self) -> dict[str, str]:
-        return {name: app.get("status") for name, app in
-                (self.details().get("applications") or {}).items()}
+        return {
+            name: app.get("status")
+            for name, app in (self.details().get("applications") or {}).items()
+        }
 
-    def apply(self, apps: list[dict[str, Any]], timeout_s: float,
-              current: list[dict[str, Any]] | None = None) -> None:
+    def apply(
+        self,
+        apps: list[dict[str, Any]],
+        timeout_s: float,
+        current: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Deploy ``apps`` and wait for the applications this changes (new or edited ones
         running, removed ones gone). Applications it leaves as they are are not judged: a
         fault in another model's slot (UNHEALTHY while its engine restarts) must not fail a
         scale of this one."""
         details = self.details()
         before = set(details.get("applications") or {})
-        unchanged = {a["name"] for a in apps} & {a["name"] for a in (current or [])
-                                                   if a in apps}
+        unchanged = {a["name"] for a in apps} & {a["name"] for a in (current or []) if a in apps}
         http = details.get("http_options") or {}
         config: dict[str, Any] = {"applications": apps}
         if http:
@@ -146,14 +163,18 @@ class ServeAdmin:
         names = {a["name"] for a in apps}
         wait_until_running(self.statuses, names - unchanged, timeout_s, gone=before - names)
 
-    def scale(self, model: str, n: int, timeout_s: float,
-              log: Callable[[str], None] = print) -> int:
+    def scale(
+        self, model: str, n: int, timeout_s: float, log: Callable[[str], None] = print
+    ) -> int:
         """Move ``model`` to ``n`` slots in the gap-free order; returns the previous count."""
         apps = self.applications()
         steps = topology.scale_steps(apps, model, n)  # raises for an unknown model
         previous = topology.slot_counts(apps)[model]
-        labels = (["starting the new slots", "routing to them"] if n > previous
-                  else ["routing to fewer slots", "removing the unused slots"])
+        labels = (
+            ["starting the new slots", "routing to them"]
+            if n > previous
+            else ["routing to fewer slots", "removing the unused slots"]
+        )
         current = apps
         for i, (step, label) in enumerate(zip(steps, labels), 1):
             log(f"[{i}/{len(steps)}] {model} {previous} -> {n}: {label}")
@@ -161,10 +182,11 @@ class ServeAdmin:
                 self.apply(step, timeout_s, current)
             except (RuntimeError, TimeoutError) as exc:
                 # No half-done state: put back what was deployed before this scale.
-                log(f"[{i}/{len(steps)}] failed ({exc}); rolling back to {model} = {previous} "
-                    "slots (the configuration deployed before this scale)")
+                log(
+                    f"[{i}/{len(steps)}] failed ({exc}); rolling back to {model} = {previous} "
+                    "slots (the configuration deployed before this scale)"
+                )
                 self.apply(apps, timeout_s, step)
-                raise RuntimeError(f"{exc}; rolled back to {previous} slots of {model}") \
-                    from None
+                raise RuntimeError(f"{exc}; rolled back to {previous} slots of {model}") from None
             current = step
         return previous

@@ -11,24 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ray import serve
 from ray.serve import Application
 
 from deployments.engine.arg_names import check_engine_args
 from deployments.slot.replica import SlotReplica
-from gateway.core.config.settings import MISSING_MODEL_HINT, AppConfig
 from gateway.core.api.errors import InvalidSlotCounts
-from gateway.core.service import RewardService
+from gateway.core.config.settings import MISSING_MODEL_HINT, AppConfig
 from gateway.core.routing.slots import SlotTable
+from gateway.core.service import RewardService
 from gateway.http.app import ingress_app
 from gateway.http.direct_port import serve_direct_port
 from gateway.ledger.ledger import Ledger
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
-from gateway.serve.topology import (INGRESS_DEPLOYMENT, SLOT_DEPLOYMENT, SLOT_PREFIX_ARG,
-                                    slot_app_name)
+from gateway.serve.topology import (
+    INGRESS_DEPLOYMENT,
+    SLOT_DEPLOYMENT,
+    SLOT_PREFIX_ARG,
+    slot_app_name,
+)
 from gateway.transport.slot_transport import SlotTransport
 
 logger = logging.getLogger("ray.serve")
@@ -47,24 +52,26 @@ class SlotAppHandles(Mapping[str, "SlotAppHandles.Model"]):
         def __getitem__(self, slot: int) -> Any:
             if slot not in self._handles:
                 self._handles[slot] = serve.get_deployment_handle(
-                    SLOT_DEPLOYMENT, app_name=slot_app_name(self.model, slot, self.prefix))
+                    SLOT_DEPLOYMENT, app_name=slot_app_name(self.model, slot, self.prefix)
+                )
             return self._handles[slot]
 
     def __init__(self, models: list[str], prefix: str = "") -> None:
         self._models = {m: SlotAppHandles.Model(m, prefix) for m in models}
 
-    def __getitem__(self, model: str) -> "SlotAppHandles.Model":
+    def __getitem__(self, model: str) -> SlotAppHandles.Model:
         return self._models[model]
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> Iterator[str]:
         return iter(self._models)
 
     def __len__(self) -> int:
         return len(self._models)
 
 
-@serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=8192,
-                  ray_actor_options={"num_cpus": 0})
+@serve.deployment(
+    name=INGRESS_DEPLOYMENT, max_ongoing_requests=8192, ray_actor_options={"num_cpus": 0}
+)
 @serve.ingress()
 class IngressReplica:
     """The ingress replica: canonicalizes, keys, seeds and routes each request to its slot.
@@ -73,8 +80,12 @@ class IngressReplica:
     (``__serve_build_asgi_app__``), around this replica's gateway: no module globals and
     nothing of the app pickled with the class."""
 
-    def __init__(self, config: dict[str, Any], handles: Mapping[str, Any] | None = None,
-                 slot_app_prefix: str = "") -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        handles: Mapping[str, Any] | None = None,
+        slot_app_prefix: str = "",
+    ) -> None:
         # label token ids from the models' tokenizers, once (gateway.serve.labels)
         cfg = resolve_label_tokens(AppConfig.model_validate(config))
         limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
@@ -84,26 +95,32 @@ class IngressReplica:
         self.transport = SlotTransport(handles, cfg.gateway, self.slots, limits)
         # the ledger must open (a newer schema, an unreachable server: a clear error now);
         # later outages never fail a request (gateway.ledger.writer)
-        self.ledger = Ledger.open(cfg.gateway.ledger) if cfg.gateway.ledger.backend != "off" \
-            else None
+        self.ledger = (
+            Ledger.open(cfg.gateway.ledger) if cfg.gateway.ledger.backend != "off" else None
+        )
         # rule checks run in worker processes of their own (gateway.rules.pool)
         self.rules = None
         if uses_rules(cfg):
             from gateway.rules.pool import RulePool  # pebble: only where a rule is served
+
             self.rules = RulePool(cfg.gateway.rule_workers)
         self.service = RewardService(cfg, self.transport, self.slots, self.ledger, self.rules)
 
     def __serve_build_asgi_app__(self) -> Any:
-        canary = Canary(self.service.config, self.transport, self.slots,
-                        on_drift=self._forget_drifted)
+        canary = Canary(
+            self.service.config, self.transport, self.slots, on_drift=self._forget_drifted
+        )
         jobs = [canary.run, self._learn_classes, self._close_rules] + (
-            [self.ledger.run] if self.ledger is not None else [])
+            [self.ledger.run] if self.ledger is not None else []
+        )
         settings = self.service.config.gateway
-        if settings.direct_port is not None:
+        port = settings.direct_port
+        if port is not None:
             # the same app (built just below, before the lifespan starts its jobs) on the
             # replicas' own port (gateway.http.direct_port)
-            jobs.append(lambda: serve_direct_port(app, settings.direct_host,
-                                                  settings.direct_port, settings.max_body_bytes))
+            jobs.append(
+                lambda: serve_direct_port(app, settings.direct_host, port, settings.max_body_bytes)
+            )
         # the scoring endpoints' POSTs go to their route functions in front of FastAPI
         app = ingress_app(self.service, background=jobs, ledger=self.ledger)
         return app
@@ -130,8 +147,13 @@ class IngressReplica:
         answered from the ledger (kept for audit; ``rmgate ledger stats`` shows it)."""
         if self.ledger is not None:
             n = await self.ledger.invalidate(model, numerics_class, slot, reason="canary drift")
-            logger.warning("ledger: %d rows of %s slot %d (class %s) invalidated after its "
-                           "drift", n, model, slot, numerics_class)
+            logger.warning(
+                "ledger: %d rows of %s slot %d (class %s) invalidated after its drift",
+                n,
+                model,
+                slot,
+                numerics_class,
+            )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve calls this in place (no restart) when ``user_config`` changes: the slot
@@ -160,14 +182,16 @@ def build_app(args: dict[str, Any]) -> Application:
         check_engine_args(spec)
     handles = {
         m.name: [
-            SlotReplica.options(name=slot_app_name(m.name, i),
-                                ray_actor_options=m.actor_options(i)).bind(m.model_dump(), i)
+            SlotReplica.options(  # type: ignore[attr-defined]  # a Serve Deployment
+                name=slot_app_name(m.name, i), ray_actor_options=m.actor_options(i)
+            ).bind(m.model_dump(), i)
             for i in range(m.replicas)
         ]
         for m in cfg.models
     }
-    return IngressReplica.options(num_replicas=cfg.gateway.ingress_replicas).bind(cfg.model_dump(),
-                                                                          handles)
+    return IngressReplica.options(  # type: ignore[attr-defined]  # a Serve Deployment
+        num_replicas=cfg.gateway.ingress_replicas
+    ).bind(cfg.model_dump(), handles)
 
 
 def build_ingress(args: dict[str, Any]) -> Application:
@@ -175,7 +199,9 @@ def build_ingress(args: dict[str, Any]) -> Application:
     args = dict(args)
     prefix = str(args.pop(SLOT_PREFIX_ARG, ""))
     cfg = AppConfig.model_validate(args)
-    ingress = IngressReplica.options(num_replicas=cfg.gateway.ingress_replicas)
+    ingress = IngressReplica.options(  # type: ignore[attr-defined]  # a Serve Deployment
+        num_replicas=cfg.gateway.ingress_replicas
+    )
     if prefix:
         return ingress.bind(cfg.model_dump(), None, prefix)
     return ingress.bind(cfg.model_dump())

@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from deployments.engine.selftest import probe_requests
 from gateway.core.api.answers import answer_of
+from gateway.core.api.errors import RmgateError
 from gateway.core.config.settings import AppConfig
 from gateway.core.routing.deadline import Deadline
-from gateway.core.api.errors import RmgateError
 from gateway.core.routing.keys import canonical_json
 from gateway.core.routing.numerics import DRIFT_PREFIX, probe_digest_of
 from gateway.core.routing.placement import Placement
@@ -35,7 +36,6 @@ from gateway.transport.directory import engine_of
 from gateway.transport.slot_transport import SlotTransport
 
 logger = logging.getLogger("rmgate")
-
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,14 @@ class CanaryVerdict:
 class Canary:
     """Re-answers the probes on every slot; drains the ones whose numerics changed."""
 
-    def __init__(self, config: AppConfig, transport: SlotTransport, slots: SlotTable,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 on_drift: Callable[[str, int, str], Awaitable[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        transport: SlotTransport,
+        slots: SlotTable,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        on_drift: Callable[[str, int, str], Awaitable[Any]] | None = None,
+    ) -> None:
         self.config = config
         #: Told ``(model, slot, class it left)`` when a slot drifts: the ledger stops hits
         #: for what that slot recorded in that class.
@@ -70,15 +75,20 @@ class Canary:
         numerics = (info.raw.get("numerics") or {}) if info is not None else {}
         expected, reported = numerics.get("probe_digest"), numerics.get("class_id")
         if info is None or expected is None:
-            return CanaryVerdict(model, slot, expected, None,
-                                 "unreachable" if info is None else "unknown")
+            return CanaryVerdict(
+                model, slot, expected, None, "unreachable" if info is None else "unknown"
+            )
         answers = []
         pinned = Placement(((slot, self.config.gateway.slot_wait_s),))
         try:
             for path, body in probe_requests(spec.kind, spec.name, spec.max_model_len):
                 reply = await self.transport.post(
-                    model, pinned, path, canonical_json(body),
-                    Deadline.after(self.config.gateway.request_timeout_s))
+                    model,
+                    pinned,
+                    path,
+                    canonical_json(body),
+                    Deadline.after(self.config.gateway.request_timeout_s),
+                )
                 if reply.status != 200:
                     raise ValueError(f"probe answered {reply.status}")
                 answers.append(answer_of(path, json.loads(reply.body)).canonical)
@@ -91,24 +101,33 @@ class Canary:
             # The slot restarted during the check: the answers may be the new engine's,
             # the expected digest the old one's. Not judged; the new engine reported its
             # own digest at start-up and is checked on the next pass.
-            logger.info("canary: slot %s-%d restarted during its check; not judged", model,
-                        slot)
+            logger.info("canary: slot %s-%d restarted during its check; not judged", model, slot)
             return CanaryVerdict(model, slot, expected, None, "restarted")
         current = self.transport.directory.known_class(model, slot)
         if observed != expected:
             drifted = DRIFT_PREFIX + observed[:12]
             if current != drifted:
-                logger.warning("canary: slot %s-%d changed its numerics: probe digest %s at "
-                               "start-up, %s now; it leaves class %s", model, slot,
-                               expected[:12], observed[:12], reported)
+                logger.warning(
+                    "canary: slot %s-%d changed its numerics: probe digest %s at "
+                    "start-up, %s now; it leaves class %s",
+                    model,
+                    slot,
+                    expected[:12],
+                    observed[:12],
+                    reported,
+                )
                 metrics.CANARY_DRIFT.labels(model, str(slot)).inc()
                 if self.on_drift is not None and reported:
                     await self.on_drift(model, slot, reported)
             self.transport.directory.set_class(model, slot, drifted)
             return CanaryVerdict(model, slot, expected, observed, "drift")
         if current != reported:
-            logger.warning("canary: slot %s-%d matches its probe digest again; back in class "
-                           "%s", model, slot, reported)
+            logger.warning(
+                "canary: slot %s-%d matches its probe digest again; back in class %s",
+                model,
+                slot,
+                reported,
+            )
             self.transport.directory.set_class(model, slot, reported)
             return CanaryVerdict(model, slot, expected, observed, "readmitted")
         return CanaryVerdict(model, slot, expected, observed, "match")

@@ -39,59 +39,95 @@ def cluster_serve_config(rendered: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe(initial_delay_s: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": SERVE_PORT},
-            "initialDelaySeconds": initial_delay_s, "periodSeconds": 30, "timeoutSeconds": 10,
-            "failureThreshold": 5}
+    return {
+        "httpGet": {"path": "/health", "port": SERVE_PORT},
+        "initialDelaySeconds": initial_delay_s,
+        "periodSeconds": 30,
+        "timeoutSeconds": 10,
+        "failureThreshold": 5,
+    }
 
 
 def _container(name: str, image: str, gpus: int) -> dict[str, Any]:
-    env = {k: v for k, v in proxy_env("haproxy", Path(HAPROXY_DIR)).items()
-           if not k.endswith("_PORT")}  # ports: Serve's defaults (one Ray node per pod)
+    env = {
+        k: v for k, v in proxy_env("haproxy", Path(HAPROXY_DIR)).items() if not k.endswith("_PORT")
+    }  # ports: Serve's defaults (one Ray node per pod)
     env.update(HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", VLLM_USE_FLASHINFER_SAMPLER="0")
     container: dict[str, Any] = {
-        "name": name, "image": image,
+        "name": name,
+        "image": image,
         "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "ports": [{"containerPort": SERVE_PORT, "name": "serve"}],
-        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
         # vLLM starts in minutes (weights, CUDA graphs): probes wait for it
-        "readinessProbe": _probe(60), "livenessProbe": _probe(900),
+        "readinessProbe": _probe(60),
+        "livenessProbe": _probe(900),
     }
     if name == "ray-head":
-        container["ports"] = [{"containerPort": 6379, "name": "gcs-server"},
-                              {"containerPort": 8265, "name": "dashboard"},
-                              {"containerPort": 10001, "name": "client"}, *container["ports"]]
+        container["ports"] = [
+            {"containerPort": 6379, "name": "gcs-server"},
+            {"containerPort": 8265, "name": "dashboard"},
+            {"containerPort": 10001, "name": "client"},
+            *container["ports"],
+        ]
     if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus},
-                                  "requests": {"nvidia.com/gpu": gpus}}
+        container["resources"] = {
+            "limits": {"nvidia.com/gpu": gpus},
+            "requests": {"nvidia.com/gpu": gpus},
+        }
     return container
 
 
 def _pod(container: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": {"containers": [container], "volumes": [
-        {"name": "models", "persistentVolumeClaim": {"claimName": "rmgate-models",
-                                                     "readOnly": True}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]}}
+    return {
+        "spec": {
+            "containers": [container],
+            "volumes": [
+                {
+                    "name": "models",
+                    "persistentVolumeClaim": {"claimName": "rmgate-models", "readOnly": True},
+                },
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+            ],
+        }
+    }
 
 
-def rayservice(rendered: dict[str, Any], image: str = "rmgate:gpu", name: str = "rmgate",
-               gpu_workers: int = 1, gpus_per_worker: int = 1) -> dict[str, Any]:
+def rayservice(
+    rendered: dict[str, Any],
+    image: str = "rmgate:gpu",
+    name: str = "rmgate",
+    gpu_workers: int = 1,
+    gpus_per_worker: int = 1,
+) -> dict[str, Any]:
     """The RayService manifest: a CPU-only head (it runs the ingress and the controller, no
     engine: ``num-gpus: 0``) and a GPU worker group for the slots."""
     serve = yaml.safe_dump(cluster_serve_config(rendered), sort_keys=False)
     return {
-        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name},
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
         "spec": {
             "serveConfigV2": serve,
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,
-                "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0",
-                                                     "num-gpus": "0"},
-                                  "template": _pod(_container("ray-head", image, 0))},
-                "workerGroupSpecs": [{
-                    "groupName": "gpu", "replicas": gpu_workers, "minReplicas": gpu_workers,
-                    "maxReplicas": gpu_workers, "rayStartParams": {},
-                    "template": _pod(_container("ray-worker", image, gpus_per_worker))}],
+                "headGroupSpec": {
+                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+                    "template": _pod(_container("ray-head", image, 0)),
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": gpu_workers,
+                        "minReplicas": gpu_workers,
+                        "maxReplicas": gpu_workers,
+                        "rayStartParams": {},
+                        "template": _pod(_container("ray-worker", image, gpus_per_worker)),
+                    }
+                ],
             },
         },
     }

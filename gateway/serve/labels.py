@@ -11,15 +11,15 @@ kept as they are (a model folder without a tokenizer, or a token the strings can
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config.settings import AppConfig
 from gateway.core.config.scoring import ExpectedRatingSpec, JudgeProbSpec
+from gateway.core.config.settings import AppConfig
 
 
-@lru_cache(maxsize=None)
+@cache
 def _encoder(model_path: str) -> Any:
     """``text -> ids`` of the model's tokenizer: its ``tokenizer.json`` with the
     ``tokenizers`` library (what a fast HF tokenizer runs; milliseconds to load), else
@@ -39,8 +39,10 @@ def _encoder(model_path: str) -> Any:
 def token_id(model_path: str, text: str, where: str) -> int:
     ids = _encoder(model_path)(text)
     if len(ids) != 1:
-        raise ValueError(f"{where}: label {text!r} is {len(ids)} tokens {ids} of the model's "
-                         f"tokenizer, not one; pick a one-token label or set the token ids")
+        raise ValueError(
+            f"{where}: label {text!r} is {len(ids)} tokens {ids} of the model's "
+            f"tokenizer, not one; pick a one-token label or set the token ids"
+        )
     return int(ids[0])
 
 
@@ -48,12 +50,12 @@ def _resolved(scorer: Any, model_path: str, where: str) -> Any:
     if isinstance(scorer, JudgeProbSpec) and scorer.label_token_ids is None:
         yes = [token_id(model_path, t, where) for t in scorer.yes]
         no = [token_id(model_path, t, where) for t in scorer.no]
-        return JudgeProbSpec.model_validate({**scorer.model_dump(), "yes_token_ids": yes,
-                                             "no_token_ids": no})
+        return JudgeProbSpec.model_validate(
+            {**scorer.model_dump(), "yes_token_ids": yes, "no_token_ids": no}
+        )
     if isinstance(scorer, ExpectedRatingSpec) and scorer.rating_token_ids is None:
         ids = [token_id(model_path, t, where) for t in scorer.ratings]
-        return ExpectedRatingSpec.model_validate({**scorer.model_dump(),
-                                                  "rating_token_ids": ids})
+        return ExpectedRatingSpec.model_validate({**scorer.model_dump(), "rating_token_ids": ids})
     return scorer
 
 
@@ -61,8 +63,9 @@ def resolve_label_tokens(config: AppConfig) -> AppConfig:
     """``config`` with every logprob judge's label token ids filled in."""
     data = config.model_dump()
     for i, model in enumerate(config.models):
-        data["models"][i]["scorer"] = _resolved(model.scorer, model.model_path,
-                                                f"model {model.name!r}").model_dump()
+        data["models"][i]["scorer"] = _resolved(
+            model.scorer, model.model_path, f"model {model.name!r}"
+        ).model_dump()
     for p, program in enumerate(config.programs):
         for c, comp in enumerate(program.components):
             if comp.scorer is not None:
@@ -70,7 +73,8 @@ def resolve_label_tokens(config: AppConfig) -> AppConfig:
                 assert spec is not None
                 where = f"program {program.name!r}, component {comp.name!r}"
                 data["programs"][p]["components"][c]["scorer"] = _resolved(
-                    comp.scorer, spec.model_path, where).model_dump()
+                    comp.scorer, spec.model_path, where
+                ).model_dump()
     return AppConfig.model_validate(data)
 
 

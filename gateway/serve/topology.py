@@ -37,9 +37,12 @@ SLOT_PREFIX_ARG = "slot_app_prefix"
 def missing_paths(serve_config: dict[str, Any]) -> list[str]:
     """The files the config's rmgate applications name that are not there (model folders,
     key files), resolved as ``render`` resolves them: relative to the current directory."""
-    return [line for application in serve_config["applications"]
-            if application.get("import_path") == COMPACT_IMPORT
-            for line in AppConfig.model_validate(application.get("args") or {}).missing_paths()]
+    return [
+        line
+        for application in serve_config["applications"]
+        if application.get("import_path") == COMPACT_IMPORT
+        for line in AppConfig.model_validate(application.get("args") or {}).missing_paths()
+    ]
 
 
 def slot_app_name(model: str, slot: int, prefix: str = "") -> str:
@@ -55,9 +58,12 @@ def _model_without_replicas(model: dict[str, Any]) -> dict[str, Any]:
 
 def slot_app(model: dict[str, Any], slot: int, prefix: str = "") -> dict[str, Any]:
     """The Serve application of one slot (``model`` is a validated ``ModelSpec`` dump)."""
-    return {"name": slot_app_name(model["name"], slot, prefix), "route_prefix": None,
-            "import_path": SLOT_IMPORT,
-            "args": {"spec": _model_without_replicas(model), "slot": slot}}
+    return {
+        "name": slot_app_name(model["name"], slot, prefix),
+        "route_prefix": None,
+        "import_path": SLOT_IMPORT,
+        "args": {"spec": _model_without_replicas(model), "slot": slot},
+    }
 
 
 #: Set by rmgate in the ingress deployment: the slot counts (``replicas`` of each model,
@@ -73,29 +79,46 @@ def ingress_overrides(application: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for entry in application.get("deployments") or []:
         if entry.get("name") != INGRESS_DEPLOYMENT:
-            raise ValueError(f"deployment {entry.get('name')!r}: only the ingress "
-                             f"({INGRESS_DEPLOYMENT!r}) takes deployment options here; a "
-                             "model's slots take theirs from the model's ray_actor_options")
+            raise ValueError(
+                f"deployment {entry.get('name')!r}: only the ingress "
+                f"({INGRESS_DEPLOYMENT!r}) takes deployment options here; a "
+                "model's slots take theirs from the model's ray_actor_options"
+            )
         owned = [k for k in RMGATE_OWNED_DEPLOYMENT_KEYS if k in entry]
         if owned:
-            raise ValueError(f"deployment {INGRESS_DEPLOYMENT!r}: {', '.join(owned)} is set by "
-                             "rmgate (gateway.ingress_replicas, each model's replicas)")
+            raise ValueError(
+                f"deployment {INGRESS_DEPLOYMENT!r}: {', '.join(owned)} is set by "
+                "rmgate (gateway.ingress_replicas, each model's replicas)"
+            )
         out.update({k: v for k, v in entry.items() if k != "name"})
     return out
 
 
-def ingress_app(config: AppConfig, route_prefix: str = "/", name: str = INGRESS_APP,
-                slot_prefix: str = "", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def ingress_app(
+    config: AppConfig,
+    route_prefix: str = "/",
+    name: str = INGRESS_APP,
+    slot_prefix: str = "",
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     dumped = config.model_dump(mode="json")
     args = {**dumped, "models": [_model_without_replicas(m) for m in dumped["models"]]}
     if slot_prefix:
         args[SLOT_PREFIX_ARG] = slot_prefix
-    return {"name": name, "route_prefix": route_prefix, "import_path": INGRESS_IMPORT,
-            "args": args,
-            "deployments": [{"name": INGRESS_DEPLOYMENT, **(overrides or {}),
-                             "num_replicas": config.gateway.ingress_replicas,
-                             "user_config": {"slots": {m.name: m.replicas
-                                                       for m in config.models}}}]}
+    return {
+        "name": name,
+        "route_prefix": route_prefix,
+        "import_path": INGRESS_IMPORT,
+        "args": args,
+        "deployments": [
+            {
+                "name": INGRESS_DEPLOYMENT,
+                **(overrides or {}),
+                "num_replicas": config.gateway.ingress_replicas,
+                "user_config": {"slots": {m.name: m.replicas for m in config.models}},
+            }
+        ],
+    }
 
 
 def render(serve_config: dict[str, Any]) -> dict[str, Any]:
@@ -121,10 +144,20 @@ def render(serve_config: dict[str, Any]) -> dict[str, Any]:
         # One gateway: the fixed names `rmgate` and `<model>-<slot>` (what `rmgate scale`
         # works on). Several (e.g. benchmarks/configs/hops.yaml): each keeps its own name
         # and prefixes its slots with it, so their applications cannot collide.
-        name, prefix = ((INGRESS_APP, "") if len(compact) == 1
-                        else (application["name"], f"{application['name']}-"))
-        apps.append(ingress_app(cfg, application.get("route_prefix", "/") or "/", name, prefix,
-                                ingress_overrides(application)))
+        name, prefix = (
+            (INGRESS_APP, "")
+            if len(compact) == 1
+            else (application["name"], f"{application['name']}-")
+        )
+        apps.append(
+            ingress_app(
+                cfg,
+                application.get("route_prefix", "/") or "/",
+                name,
+                prefix,
+                ingress_overrides(application),
+            )
+        )
         for model in cfg.models:
             dumped = model.model_dump(mode="json")
             apps.extend(slot_app(dumped, i, prefix) for i in range(model.replicas))
@@ -164,8 +197,9 @@ def with_direct_port(rendered: dict[str, Any], port: int, host: str) -> dict[str
     out = copy.deepcopy(rendered)
     ingresses = [a for a in out["applications"] if a.get("import_path") == INGRESS_IMPORT]
     if len(ingresses) != 1:
-        raise ValueError(f"--direct-port needs exactly one rmgate application, not "
-                         f"{len(ingresses)}")
+        raise ValueError(
+            f"--direct-port needs exactly one rmgate application, not {len(ingresses)}"
+        )
     args = ingresses[0].setdefault("args", {})
     args.setdefault("gateway", {}).update({"direct_port": port, "direct_host": host})
     return out
@@ -178,8 +212,9 @@ def direct_port_of(rendered: dict[str, Any]) -> tuple[int | None, str]:
     return gateway.get("direct_port"), gateway.get("direct_host", "127.0.0.1")
 
 
-def bind_direct_port(rendered: dict[str, Any], port: int | None, host: str,
-                     host_given: bool) -> tuple[dict[str, Any], int | None, str]:
+def bind_direct_port(
+    rendered: dict[str, Any], port: int | None, host: str, host_given: bool
+) -> tuple[dict[str, Any], int | None, str]:
     """``rmgate serve``'s direct port: ``--direct-port`` binds ``port`` on ``host``; without
     it the config's ``gateway.direct_port`` stands, on the config's ``direct_host`` unless
     ``--host`` was given (a container's 0.0.0.0 then reaches both ports). Returns the
@@ -204,9 +239,11 @@ def slot_counts(apps: list[dict[str, Any]]) -> dict[str, int]:
 def _ingress(apps: list[dict[str, Any]]) -> dict[str, Any]:
     found = [a for a in apps if a.get("import_path") == INGRESS_IMPORT]
     if len(found) != 1:
-        raise ValueError(f"expected one rmgate ingress application ({INGRESS_IMPORT}), "
-                         f"found {len(found)}; was this deployment started by `rmgate serve` "
-                         "or from `rmgate render`?")
+        raise ValueError(
+            f"expected one rmgate ingress application ({INGRESS_IMPORT}), "
+            f"found {len(found)}; was this deployment started by `rmgate serve` "
+            "or from `rmgate render`?"
+        )
     return found[0]
 
 
@@ -226,17 +263,32 @@ def with_slot_apps(apps: list[dict[str, Any]], model: str, n: int) -> list[dict[
     New slots copy an existing slot's ``args`` (homogeneous replicas by construction);
     existing ones are kept byte for byte, so Serve leaves their engines alone."""
     apps = copy.deepcopy(apps)
-    mine = {a["args"]["slot"]: a for a in apps
-            if a.get("import_path") == SLOT_IMPORT and a["args"]["spec"]["name"] == model}
+    mine = {
+        a["args"]["slot"]: a
+        for a in apps
+        if a.get("import_path") == SLOT_IMPORT and a["args"]["spec"]["name"] == model
+    }
     if not mine:
         raise ValueError(f"no slot application of model {model!r} is deployed")
     template = mine[min(mine)]
-    keep = [a for a in apps if not (a.get("import_path") == SLOT_IMPORT
-                                    and a["args"]["spec"]["name"] == model
-                                    and a["args"]["slot"] >= n)]
-    added = [{**copy.deepcopy(template), "name": slot_app_name(model, i),
-              "args": {"spec": copy.deepcopy(template["args"]["spec"]), "slot": i}}
-             for i in range(n) if i not in mine]
+    keep = [
+        a
+        for a in apps
+        if not (
+            a.get("import_path") == SLOT_IMPORT
+            and a["args"]["spec"]["name"] == model
+            and a["args"]["slot"] >= n
+        )
+    ]
+    added = [
+        {
+            **copy.deepcopy(template),
+            "name": slot_app_name(model, i),
+            "args": {"spec": copy.deepcopy(template["args"]["spec"]), "slot": i},
+        }
+        for i in range(n)
+        if i not in mine
+    ]
     return keep + added
 
 

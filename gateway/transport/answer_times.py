@@ -12,7 +12,8 @@ alone would not move). Mechanism only: placement (``gateway.core.routing.placeme
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class GaugeChild(Protocol):
@@ -22,8 +23,9 @@ class GaugeChild(Protocol):
 class AnswerTimes:
     """Round-trip seconds of one slot's engine requests (peak EWMA)."""
 
-    def __init__(self, clock: Callable[[], float], alpha: float = 0.3,
-                 gauge: GaugeChild | None = None) -> None:
+    def __init__(
+        self, clock: Callable[[], float], alpha: float = 0.3, gauge: GaugeChild | None = None
+    ) -> None:
         self.clock = clock
         self.alpha = alpha
         self.gauge = gauge  # where the mean is shown (rmgate_slot_answer_seconds)
@@ -63,14 +65,17 @@ class AnswerTimes:
         if not answered:
             return
         elapsed = (self.clock() - start) / share
-        self.mean_s = elapsed if self.mean_s is None else \
-            self.mean_s + self.alpha * (elapsed - self.mean_s)
+        self.mean_s = (
+            elapsed if self.mean_s is None else self.mean_s + self.alpha * (elapsed - self.mean_s)
+        )
         if self.gauge is not None:
             self.gauge.set(self.mean_s)
 
     def seconds(self) -> float:
         """The slot's current estimate of seconds per answer (0.0 before any)."""
         now = self.clock()
-        age = max(((now - next(iter(group.values()))) / share
-                   for share, group in self._by_share.items()), default=0.0)
+        age = max(
+            ((now - next(iter(group.values()))) / share for share, group in self._by_share.items()),
+            default=0.0,
+        )
         return max(self.mean_s or 0.0, age)

@@ -9,10 +9,11 @@ mode after a self-test fallback) is asked again.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from gateway.core.routing.slots import SlotTable
 from gateway.core.routing.engine_access import EngineUnreachable, SlotInfo
+from gateway.core.routing.slots import SlotTable
 
 
 class SlotDirectory:
@@ -50,8 +51,9 @@ class SlotDirectory:
         try:
             raw = await asyncio.wait_for(self.handles[model][slot].endpoint.remote(), timeout_s)
         except Exception as exc:  # noqa: BLE001 - Ray's actor/handle errors, timeouts
-            raise EngineUnreachable(f"slot {model}-{slot}: its replica did not answer "
-                                    f"({type(exc).__name__}: {exc})") from exc
+            raise EngineUnreachable(
+                f"slot {model}-{slot}: its replica did not answer ({type(exc).__name__}: {exc})"
+            ) from exc
         info = self._info[(model, slot)] = SlotInfo.from_endpoint(model, slot, raw)
         verdict = self._verdicts.get((model, slot))
         if verdict is not None and verdict[0] == engine_of(info):

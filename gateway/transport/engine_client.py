@@ -19,12 +19,17 @@ One client per transport kind, all raising rmgate's own ``EngineCallError``s
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
-from gateway.core.routing.engine_access import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
-                                    SlotInfo)
+from gateway.core.routing.engine_access import (
+    EngineConnectionLost,
+    EngineNoAnswer,
+    EngineUnreachable,
+    SlotInfo,
+)
 from gateway.transport.http1_client import CONNECT_TIMEOUT_S, Http1EngineClient
 
 __all__ = ["Http1EngineClient", "HandleEngineClient", "HttpxEngineClient"]
@@ -37,18 +42,23 @@ class HandleEngineClient:
     def __init__(self, handles: Mapping[str, Any]) -> None:
         self.handles = handles
 
-    async def post(self, target: SlotInfo, path: str, body: bytes,
-                   timeout_s: float) -> tuple[int, bytes]:
+    async def post(
+        self, target: SlotInfo, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
         handle = self.handles[target.model][target.slot]
         try:
             status, content = await asyncio.wait_for(
-                handle.forward.remote(path, body, timeout_s), timeout_s)
-        except asyncio.TimeoutError:
-            raise EngineNoAnswer(f"slot {target.model}-{target.slot}: the handle call got no "
-                                 f"answer within {timeout_s:g}s") from None
+                handle.forward.remote(path, body, timeout_s), timeout_s
+            )
+        except TimeoutError:
+            raise EngineNoAnswer(
+                f"slot {target.model}-{target.slot}: the handle call got no "
+                f"answer within {timeout_s:g}s"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - Ray's actor/handle errors, whatever type
-            raise EngineConnectionLost(f"slot {target.model}-{target.slot}: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+            raise EngineConnectionLost(
+                f"slot {target.model}-{target.slot}: {type(exc).__name__}: {exc}"
+            ) from exc
         return int(status), bytes(content)
 
     async def aclose(self) -> None:
@@ -61,13 +71,17 @@ class HttpxEngineClient:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
-    async def post(self, target: SlotInfo, path: str, body: bytes,
-                   timeout_s: float) -> tuple[int, bytes]:
+    async def post(
+        self, target: SlotInfo, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
         url = target.url + path
         try:
             resp = await self._client.post(
-                url, content=body, headers=target.headers,
-                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
+                url,
+                content=body,
+                headers=target.headers,
+                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise EngineUnreachable(f"{url}: {exc}") from exc
         except httpx.TimeoutException as exc:

@@ -9,9 +9,9 @@ machinery (a request and response object, a timer, a header multidict and a URL 
 call) is most of the client's cost; this client writes the request in one ``write`` and
 answers from the parser's callbacks.
 
-The contract is ``EngineClient``'s (``gateway.core.routing.engine_access``), with its failures mapped
-here, once: nothing accepts the connection in ``CONNECT_TIMEOUT_S`` (or it is refused):
-``EngineUnreachable``; no whole answer within the call's time: ``EngineNoAnswer``; the
+The contract is ``EngineClient``'s (``gateway.core.routing.engine_access``), with its
+failures mapped here, once: nothing accepts the connection in ``CONNECT_TIMEOUT_S`` (or it
+is refused): ``EngineUnreachable``; no whole answer within the call's time: ``EngineNoAnswer``; the
 connection closed or answered something that is not HTTP: ``EngineConnectionLost``. A call
 that ends before its answer (its time is up, it is cancelled: a sibling item failed, the
 client left) closes its connection, which is how vLLM learns to abort the request.
@@ -33,8 +33,12 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.core.routing.engine_access import (EngineConnectionLost, EngineNoAnswer, EngineUnreachable,
-                                    SlotInfo)
+from gateway.core.routing.engine_access import (
+    EngineConnectionLost,
+    EngineNoAnswer,
+    EngineUnreachable,
+    SlotInfo,
+)
 
 CONNECT_TIMEOUT_S = 5.0
 #: An idle connection is not reused past this (vLLM's server closes idle ones at 5 s).
@@ -50,8 +54,17 @@ class _Stale(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to one engine; at most one request on it at a time."""
 
-    __slots__ = ("transport", "parser", "waiter", "status", "chunks", "answered_bytes",
-                 "closed", "idle_since", "reused")
+    __slots__ = (
+        "transport",
+        "parser",
+        "waiter",
+        "status",
+        "chunks",
+        "answered_bytes",
+        "closed",
+        "idle_since",
+        "reused",
+    )
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -82,10 +95,14 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None:
-            self._fail(EngineConnectionLost(
-                f"the engine closed the connection before its answer was whole"
-                f"{f' ({exc})' if exc else ''}") if self.answered_bytes or not self.reused
-                else _Stale())
+            self._fail(
+                EngineConnectionLost(
+                    f"the engine closed the connection before its answer was whole"
+                    f"{f' ({exc})' if exc else ''}"
+                )
+                if self.answered_bytes or not self.reused
+                else _Stale()
+            )
 
     # -- httptools callbacks ------------------------------------------------------------
     def on_headers_complete(self) -> None:
@@ -102,8 +119,9 @@ class _Connection(asyncio.Protocol):
             waiter.set_result((self.status, b"".join(self.chunks)))
 
     # -- the client's side --------------------------------------------------------------
-    def send(self, request: bytes, loop: asyncio.AbstractEventLoop
-             ) -> asyncio.Future[tuple[int, bytes]]:
+    def send(
+        self, request: bytes, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[tuple[int, bytes]]:
         self.status, self.chunks, self.answered_bytes = 0, [], False
         self.waiter = loop.create_future()
         assert self.transport is not None
@@ -125,8 +143,9 @@ class Http1EngineClient:
     """Keep-alive connections per engine, made in the loop that uses them (the ingress's).
     Unbounded, as the slot gates bound what reaches each engine."""
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 keepalive_s: float = KEEPALIVE_S) -> None:
+    def __init__(
+        self, connect_timeout_s: float = CONNECT_TIMEOUT_S, keepalive_s: float = KEEPALIVE_S
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         #: (host, port) -> idle connections, the most recently used last
@@ -144,14 +163,21 @@ class Http1EngineClient:
                 self._heads.clear()
             url = urlsplit(target.url)
             host, port = url.hostname or "127.0.0.1", url.port or 80
-            lines = [f"POST {url.path.rstrip('/')}{path} HTTP/1.1", f"host: {url.netloc}",
-                     *(f"{k}: {v}" for k, v in target.headers.items())]
-            head = self._heads[key] = (host, port, ("\r\n".join(lines) + "\r\n"
-                                                    "content-length: ").encode("latin-1"))
+            lines = [
+                f"POST {url.path.rstrip('/')}{path} HTTP/1.1",
+                f"host: {url.netloc}",
+                *(f"{k}: {v}" for k, v in target.headers.items()),
+            ]
+            head = self._heads[key] = (
+                host,
+                port,
+                ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1"),
+            )
         return head
 
-    async def post(self, target: SlotInfo, path: str, body: bytes,
-                   timeout_s: float) -> tuple[int, bytes]:
+    async def post(
+        self, target: SlotInfo, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]:
         host, port, head = self._head(target, path)
         request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         loop = asyncio.get_running_loop()
@@ -161,20 +187,26 @@ class Http1EngineClient:
             if conn is None:
                 conn = await self._connect(host, port, deadline, target.url)
             try:
-                return await self._exchange(conn, request, deadline, loop, target.url,
-                                            timeout_s)
+                return await self._exchange(conn, request, deadline, loop, target.url, timeout_s)
             except _Stale:  # the others kept with it likely are too (the engine restarted)
                 for stale in self._idle.pop((host, port), ()):
                     self._drop(stale)
                 continue
             finally:
                 self._release(conn, host, port)
-        raise EngineConnectionLost(f"{target.url}: the engine closed two connections "
-                                   "before answering")
+        raise EngineConnectionLost(
+            f"{target.url}: the engine closed two connections before answering"
+        )
 
-    async def _exchange(self, conn: _Connection, request: bytes, deadline: float,
-                        loop: asyncio.AbstractEventLoop, url: str,
-                        timeout_s: float) -> tuple[int, bytes]:
+    async def _exchange(
+        self,
+        conn: _Connection,
+        request: bytes,
+        deadline: float,
+        loop: asyncio.AbstractEventLoop,
+        url: str,
+        timeout_s: float,
+    ) -> tuple[int, bytes]:
         waiter = conn.send(request, loop)
         timer = loop.call_at(deadline, _time_up, waiter)
         try:
@@ -197,10 +229,12 @@ class Http1EngineClient:
                 _, conn = await loop.create_connection(_Connection, host, port)
         except TimeoutError:
             if left <= self.connect_timeout_s:
-                raise EngineNoAnswer(f"{url}: no answer within the call's time "
-                                     "(still connecting)") from None
-            raise EngineUnreachable(f"{url}: no connection within "
-                                    f"{self.connect_timeout_s:g}s") from None
+                raise EngineNoAnswer(
+                    f"{url}: no answer within the call's time (still connecting)"
+                ) from None
+            raise EngineUnreachable(
+                f"{url}: no connection within {self.connect_timeout_s:g}s"
+            ) from None
         except OSError as exc:
             raise EngineUnreachable(f"{url}: {exc}") from exc
         self._open.add(conn)

@@ -20,23 +20,31 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
-from gateway.core.config.settings import GatewaySettings
-from gateway.core.routing.deadline import Deadline
-from gateway.core.routing.numerics import ModelClasses
 from gateway.core.api.errors import EngineFailed, SlotClassChanged, SlotRemoved, SlotUnavailable
+from gateway.core.api.results import EngineReply
+from gateway.core.config.settings import GatewaySettings
 from gateway.core.routing.class_queue import admit_in_class
+from gateway.core.routing.deadline import Deadline
+from gateway.core.routing.engine_access import (
+    EngineClient,
+    EngineConnectionLost,
+    EngineNoAnswer,
+    EngineUnreachable,
+    SlotInfo,
+    SlotView,
+)
+from gateway.core.routing.gate import SlotGate
+from gateway.core.routing.numerics import ModelClasses
 from gateway.core.routing.placement import Placement
 from gateway.core.routing.retry import Decision, RetryConfig, RetryState
 from gateway.core.routing.slots import SlotTable
-from gateway.core.api.results import EngineReply
-from gateway.core.routing.engine_access import EngineClient, EngineConnectionLost, EngineNoAnswer, EngineUnreachable, SlotInfo, SlotView
 from gateway.observability import metrics
 from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import HandleEngineClient, Http1EngineClient
-from gateway.core.routing.gate import SlotGate
 
 logger = logging.getLogger("rmgate")
 
@@ -51,12 +59,18 @@ def engine_client_for(kind: str, handles: Mapping[str, Any]) -> EngineClient:
 class SlotTransport:
     """``Transport`` over Ray Serve slot deployments (``handles[model][slot]``)."""
 
-    def __init__(self, handles: Mapping[str, Any], settings: GatewaySettings, slots: SlotTable,
-                 queue_limits: Mapping[str, int] | None = None, *,
-                 engine_client: EngineClient | None = None,
-                 retry: RetryConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        handles: Mapping[str, Any],
+        settings: GatewaySettings,
+        slots: SlotTable,
+        queue_limits: Mapping[str, int] | None = None,
+        *,
+        engine_client: EngineClient | None = None,
+        retry: RetryConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
         self.settings = settings
         self.slots = slots
         self.queue_limits = dict(queue_limits or {})
@@ -92,16 +106,25 @@ class SlotTransport:
             classes.append(self.directory.known_class(model, slot))
             gate = self._gates.get((model, slot))
             load[slot] = gate.inflight + gate.waiting if gate is not None else 0
-        view = SlotView(ModelClasses(tuple(classes), self.settings.class_policy), load,
-                        self._service_s(model, range(slots)))
+        view = SlotView(
+            ModelClasses(tuple(classes), self.settings.class_policy),
+            load,
+            self._service_s(model, range(slots)),
+        )
         groups = view.classes.groups
         if len(groups) > 1 and self._logged_classes.get(model) != groups:
             self._logged_classes[model] = groups
-            logger.warning("model %s: its slots fall into %d numerics classes %s; each key "
-                           "stays in its own slot's class (class_policy %s%s)", model,
-                           len(groups), groups, self.settings.class_policy,
-                           f": slots outside {view.classes.majority} are drained"
-                           if self.settings.class_policy == "strict" else "")
+            logger.warning(
+                "model %s: its slots fall into %d numerics classes %s; each key "
+                "stays in its own slot's class (class_policy %s%s)",
+                model,
+                len(groups),
+                groups,
+                self.settings.class_policy,
+                f": slots outside {view.classes.majority} are drained"
+                if self.settings.class_policy == "strict"
+                else "",
+            )
         return view
 
     def _service_s(self, model: str, slots: Iterable[int]) -> dict[int, float]:
@@ -109,8 +132,11 @@ class SlotTransport:
         (``load_weight: answer_time``); empty otherwise (every request counts as one)."""
         if self.settings.load_weight != "answer_time":
             return {}
-        return {s: times.seconds() for s in slots
-                if (times := self._answer_times.get((model, s))) is not None}
+        return {
+            s: times.seconds()
+            for s in slots
+            if (times := self._answer_times.get((model, s))) is not None
+        }
 
     def _discover(self, model: str, slot: int) -> None:
         key = (model, slot)
@@ -137,17 +163,27 @@ class SlotTransport:
         if gate is None:
             labels = (info.model, str(info.slot))
             limit = self.queue_limits.get(info.model, self.settings.max_queue_per_slot)
-            gate = self._gates[key] = SlotGate(info.max_inflight, limit,
-                                               queued=metrics.QUEUED.labels(*labels),
-                                               inflight=metrics.INFLIGHT.labels(*labels))
+            gate = self._gates[key] = SlotGate(
+                info.max_inflight,
+                limit,
+                queued=metrics.QUEUED.labels(*labels),
+                inflight=metrics.INFLIGHT.labels(*labels),
+            )
         elif gate.capacity != info.max_inflight:
-            logger.info("slot %s-%d now runs %s: gate %d -> %d", info.model, info.slot,
-                        info.mode, gate.capacity, info.max_inflight)
+            logger.info(
+                "slot %s-%d now runs %s: gate %d -> %d",
+                info.model,
+                info.slot,
+                info.mode,
+                gate.capacity,
+                info.max_inflight,
+            )
             gate.resize(info.max_inflight)
         return gate
 
-    async def post(self, model: str, placement: Placement, path: str, body: bytes,
-                   deadline: Deadline) -> EngineReply:
+    async def post(
+        self, model: str, placement: Placement, path: str, body: bytes, deadline: Deadline
+    ) -> EngineReply:
         """Answer on the placement's slots in order: each keeps the request for its wait
         budget while unreachable, then the next takes it; the last one's 503 is final.
         Every wait (gate, class queue, engine, backoff, candidate) ends at ``deadline``:
@@ -158,18 +194,31 @@ class SlotTransport:
             members = self._class_mates(model, placement)
             weighed = self.settings.load_weight == "answer_time"
             admitted, candidates = await admit_in_class(
-                placement, members, deadline,
-                self._service_s(model, [s for s, _ in members]) if weighed else None, model)
+                placement,
+                members,
+                deadline,
+                self._service_s(model, [s for s, _ in members]) if weighed else None,
+                model,
+            )
         # placed on another mate by the class queue: for load (its own slot: drained, if so)
-        reason = None if candidates[0][0] == placement.first else (
-            "drained" if placement.reason == "drained" else "load")
+        reason = (
+            None
+            if candidates[0][0] == placement.first
+            else ("drained" if placement.reason == "drained" else "load")
+        )
         for n, (slot, wait_s) in enumerate(candidates):
             first, admitted = admitted, None  # the class queue's place: the first attempt's
             try:
-                reply = await self._post_slot(model, slot, path, body, wait_s, deadline,
-                                              placement.numerics_class
-                                              if placement.within_class else None,
-                                              admitted=first)
+                reply = await self._post_slot(
+                    model,
+                    slot,
+                    path,
+                    body,
+                    wait_s,
+                    deadline,
+                    placement.numerics_class if placement.within_class else None,
+                    admitted=first,
+                )
             except SlotRemoved:
                 raise
             except SlotUnavailable:
@@ -197,14 +246,25 @@ class SlotTransport:
         members: list[tuple[int, SlotGate]] = []
         for slot, _ in placement.candidates:
             info = self.directory.cached(model, slot)
-            if info is not None and \
-                    self.directory.known_class(model, slot) == placement.numerics_class:
+            if (
+                info is not None
+                and self.directory.known_class(model, slot) == placement.numerics_class
+            ):
                 members.append((slot, self.gate(info)))
         return members
 
-    async def _post_slot(self, model: str, slot: int, path: str, body: bytes, wait_s: float,
-                         deadline: Deadline, expected_class: str | None = None, *,
-                         admitted: SlotGate | None = None) -> EngineReply:
+    async def _post_slot(
+        self,
+        model: str,
+        slot: int,
+        path: str,
+        body: bytes,
+        wait_s: float,
+        deadline: Deadline,
+        expected_class: str | None = None,
+        *,
+        admitted: SlotGate | None = None,
+    ) -> EngineReply:
         """``admitted``: a place in this slot's gate already taken (the class queue), used
         by the first attempt (released whatever happens); later attempts queue anew."""
         state = RetryState(self.retry, wait_s, self.clock)
@@ -218,34 +278,44 @@ class SlotTransport:
                 if state.remaining() <= 0 and self.directory.cached(model, slot) is None:
                     self._discover(model, slot)  # skipped now (a class mate answers), asked anew
                 info = await self.directory.lookup(model, slot, min(state.remaining(), left))
-                if expected_class is not None and \
-                        self.directory.known_class(model, slot) != expected_class:
+                if (
+                    expected_class is not None
+                    and self.directory.known_class(model, slot) != expected_class
+                ):
                     # Placed while the slot was a class mate; it is not one now.
                     raise SlotClassChanged(
                         f"slot {model}-{slot} is now of class "
-                        f"{self.directory.known_class(model, slot)}, not {expected_class}")
+                        f"{self.directory.known_class(model, slot)}, not {expected_class}"
+                    )
                 times = self._answer_times.get((model, slot))
                 if times is None:
                     times = self._answer_times[(model, slot)] = AnswerTimes(
-                        self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels))
+                        self.clock, gauge=metrics.ANSWER_SECONDS.labels(*labels)
+                    )
                 gate = self.gate(info)  # the one gate of (model, slot): ``held`` if any
                 place = held if held is not None else gate
                 if held is None:
                     try:
                         await gate.acquire(deadline.left_or_raise(f"slot {model}-{slot}'s gate"))
                     except TimeoutError:
-                        raise deadline.exceeded(f"waiting at slot {model}-{slot}'s gate "
-                                                f"({gate.inflight} in its engine)") from None
+                        raise deadline.exceeded(
+                            f"waiting at slot {model}-{slot}'s gate ({gate.inflight} in its engine)"
+                        ) from None
                 held = None
                 try:
                     status, content = await self._call_engine(
-                        info, path, body, deadline, times,
-                        gate.inflight if info.mode == "serialize" else 1, labels)
+                        info,
+                        path,
+                        body,
+                        deadline,
+                        times,
+                        gate.inflight if info.mode == "serialize" else 1,
+                        labels,
+                    )
                 finally:
                     place.release()
             except EngineNoAnswer:
-                raise deadline.exceeded(f"slot {model}-{slot}'s engine had not answered") \
-                    from None
+                raise deadline.exceeded(f"slot {model}-{slot}'s engine had not answered") from None
             except (EngineUnreachable, EngineConnectionLost) as exc:
                 logger.warning("slot %s-%d unreachable (%s); waiting for it", model, slot, exc)
                 decision = state.record_unreachable()
@@ -254,8 +324,7 @@ class SlotTransport:
             else:
                 decision = state.record_reply(status)
                 if decision is Decision.RETURN:
-                    return EngineReply(status, content, info.fingerprint, slot,
-                                       info.numerics_class)
+                    return EngineReply(status, content, info.fingerprint, slot, info.numerics_class)
                 logger.warning("slot %s-%d answered %d; retrying", model, slot, status)
                 last_error = f"{status}: {content[:500]!r}"
             finally:
@@ -265,13 +334,21 @@ class SlotTransport:
             if decision is Decision.ENGINE_FAILED:
                 raise EngineFailed(f"engine of slot {model}-{slot} failed ({last_error})")
             if decision is Decision.GIVE_UP:
-                raise SlotUnavailable(f"slot {model}-{slot} is unavailable; it did not come "
-                                      f"back within {wait_s:.0f}s")
+                raise SlotUnavailable(
+                    f"slot {model}-{slot} is unavailable; it did not come back within {wait_s:.0f}s"
+                )
             await self.sleep(min(self.retry.backoff_s, deadline.remaining()))
 
-    async def _call_engine(self, info: SlotInfo, path: str, body: bytes, deadline: Deadline,
-                           times: AnswerTimes, ahead: int, labels: tuple[str, str]
-                           ) -> tuple[int, bytes]:
+    async def _call_engine(
+        self,
+        info: SlotInfo,
+        path: str,
+        body: bytes,
+        deadline: Deadline,
+        times: AnswerTimes,
+        ahead: int,
+        labels: tuple[str, str],
+    ) -> tuple[int, bytes]:
         """One engine call within what is left of the deadline, timed and counted. A call
         abandoned before its answer (the deadline passed, a sibling item failed, the client
         went away) closes its connection, which makes vLLM abort the request: counted in
@@ -282,8 +359,11 @@ class SlotTransport:
         answered = False
         try:
             status, content = await self.engine_client.post(
-                info, path, body,
-                deadline.left_or_raise(f"calling slot {info.model}-{info.slot}'s engine"))
+                info,
+                path,
+                body,
+                deadline.left_or_raise(f"calling slot {info.model}-{info.slot}'s engine"),
+            )
             answered = status < 500
         except EngineNoAnswer:
             metrics.ENGINE_ABORTED.labels(*labels, "deadline").inc()

@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from deployments.engine.process import free_port  # noqa: F401 - the tests' import
-from gateway.harness.processes import (describe_processes, end_leftovers,  # noqa: F401
-                                       processes_with_env,
-                                       stop_process_group, wait_until_gone)
+from gateway.harness.processes import (  # noqa: F401
+    describe_processes,
+    end_leftovers,
+    processes_with_env,
+    stop_process_group,
+    wait_until_gone,
+)
 from gateway.harness.running import wait_until_serving
 from tests.integration import session_gateway
 
@@ -39,17 +43,29 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         return
     if any("gateway" in getattr(item, "fixturenames", ()) for item in items):
         session_gateway.start(config)
-    wanted = [env for fixture, env in TRAINER_ENVS.items()
-              if any(fixture in getattr(item, "fixturenames", ()) for item in items)]
+    wanted = [
+        env
+        for fixture, env in TRAINER_ENVS.items()
+        if any(fixture in getattr(item, "fixturenames", ()) for item in items)
+    ]
     if not wanted:
         return
     logs = REPO / ".venv-trainers"
     logs.mkdir(exist_ok=True)
     with open(logs / "prefetch.log", "wb") as log:
         config.stash[PREFETCH] = subprocess.Popen(
-            ["bash", "-c", 'for n in "$@"; do bash scripts/trainer_env.sh "$n" || exit 1; done',
-             "prefetch", *wanted], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                "bash",
+                "-c",
+                'for n in "$@"; do bash scripts/trainer_env.sh "$n" || exit 1; done',
+                "prefetch",
+                *wanted,
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def pytest_unconfigure(config) -> None:
@@ -84,7 +100,7 @@ def pytest_runtest_teardown(item, nextitem):
     result = yield
     teardowns = item.config.stash.get(EARLY_TEARDOWNS, {})
     for fixture, teardown in list(teardowns.items()):
-        later = item.session.items[item.session.items.index(item) + 1:]
+        later = item.session.items[item.session.items.index(item) + 1 :]
         if fixture in item.fixturenames and not any(fixture in i.fixturenames for i in later):
             del teardowns[fixture]
             teardown()  # a leftover process fails this test's teardown, by name
@@ -179,14 +195,20 @@ def plain_wide_disrm(demo_models: Path, name: str):
     """A started (not yet ready) plain vLLM engine of the wide DisRM, ``determinism: off``
     (vLLM's defaults: batching), the negative controls' engine; the caller stops it."""
     from deployments.engine.args import Platform, plan_engine
-    from deployments.engine.process import EngineProcess, free_port as engine_port
+    from deployments.engine.process import EngineProcess
+    from deployments.engine.process import free_port as engine_port
     from gateway.core.config.settings import ModelSpec
 
-    spec = ModelSpec(name="rm-large", kind="discriminative",
-                     model_path=str(demo_models / "disrm-large"), determinism="off",
-                     engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True})
+    spec = ModelSpec(
+        name="rm-large",
+        kind="discriminative",
+        model_path=str(demo_models / "disrm-large"),
+        determinism="off",
+        engine_args={"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
+    )
     port = engine_port()
-    engine = EngineProcess(plan_engine(spec, Platform("cpu", "cpu"), port=port), "127.0.0.1",
-                           port, name)
+    engine = EngineProcess(
+        plan_engine(spec, Platform("cpu", "cpu"), port=port), "127.0.0.1", port, name
+    )
     engine.start()
     return engine

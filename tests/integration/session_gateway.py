@@ -64,21 +64,57 @@ def start(config: pytest.Config) -> SessionGateway:
     postgres = ThrowawayPostgres()  # in the system's temp dir: the postgres user reaches it
     postgres.start()
     factory = getattr(config, "_tmp_path_factory", None)
-    root = factory.mktemp("rmgate") if factory is not None else Path(
-        __import__("tempfile").mkdtemp(prefix="rmgate-session-"))
+    root = (
+        factory.mktemp("rmgate")
+        if factory is not None
+        else Path(__import__("tempfile").mkdtemp(prefix="rmgate-session-"))
+    )
     log = root / "serve.log"
     port, direct_port = free_port(), free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RMGATE_LOG_DIR": str(root / "engines"), "RMGATE_LEDGER_DSN": postgres.dsn}
-    serve = [sys.executable, "-m", "gateway.cli", "serve", str(TEST_CONFIG), "--port", str(port),
-             "--direct-port", str(direct_port)]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RMGATE_LOG_DIR": str(root / "engines"),
+        "RMGATE_LEDGER_DSN": postgres.dsn,
+    }
+    serve = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        str(TEST_CONFIG),
+        "--port",
+        str(port),
+        "--direct-port",
+        str(direct_port),
+    ]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.session_gateway", str(MODELS),
-             str(root / "built"), "--", *serve],
-            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    started = SessionGateway(postgres, proc, f"http://127.0.0.1:{port}", log, env, root / "built",
-                             f"http://127.0.0.1:{direct_port}")
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.session_gateway",
+                str(MODELS),
+                str(root / "built"),
+                "--",
+                *serve,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    started = SessionGateway(
+        postgres,
+        proc,
+        f"http://127.0.0.1:{port}",
+        log,
+        env,
+        root / "built",
+        f"http://127.0.0.1:{direct_port}",
+    )
     config.stash[STARTED] = started
     return started
 
@@ -87,7 +123,7 @@ def main() -> None:
     """The child: the demo models (when missing), then ``exec`` the gateway in this process
     (same pid and process group: the fixture's signals reach it)."""
     models, built = Path(sys.argv[1]), Path(sys.argv[2])
-    argv = sys.argv[sys.argv.index("--") + 1:]
+    argv = sys.argv[sys.argv.index("--") + 1 :]
     from deployments.demo.models import build_demo_models, demo_models_present
 
     if not demo_models_present(models):

@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 
@@ -32,17 +32,17 @@ def engine_port(engines: Path, slot_app: str) -> int:
     return int(newest.stem.rsplit("-", 1)[1])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _secret(port: int) -> dict[str, str]:
     return engine_secret_headers(port)  # a scan of /proc: once per engine, not per poll
 
 
 def engine_metric(port: int, name: str) -> float:
     """The sum of one vLLM metric on the engine at ``port`` (reached with its secret)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                     headers=_secret(port)).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{"))
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30, headers=_secret(port)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
+    )
 
 
 def eventually(check: Callable[[], bool], within_s: float) -> bool:
@@ -86,13 +86,15 @@ def texts_on_slot(url: str, slot: int, n: int, tag: str, headers: dict[str, str]
 
 async def _timed(client: httpx.AsyncClient, url: str, body: dict) -> tuple[httpx.Response, float]:
     start = time.monotonic()
-    r = await client.post(url + "/classify", json=body,
-                          headers={"x-rmgate-timeout": str(TIMEOUT_S)})
+    r = await client.post(
+        url + "/classify", json=body, headers={"x-rmgate-timeout": str(TIMEOUT_S)}
+    )
     return r, time.monotonic() - start
 
 
-def check_stalled_slot(url: str, engines: Path, slot: int, tag: str,
-                       headers: dict[str, str] | None = None) -> None:
+def check_stalled_slot(
+    url: str, engines: Path, slot: int, tag: str, headers: dict[str, str] | None = None
+) -> None:
     """Stall ``rm-<slot>``'s engine; six requests of its keys at once and a list of 16
     with one of them, each with ``x-rmgate-timeout: 2``: every one answers 504
     ``deadline_exceeded`` within 2 s + ``MARGIN_S`` (under a per-attempt timeout the
@@ -115,14 +117,25 @@ def check_stalled_slot(url: str, engines: Path, slot: int, tag: str,
     for r, took in answers:
         assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
         assert took < TIMEOUT_S + MARGIN_S, (took, r.text)
-    assert eventually(lambda: engine_metric(port, "vllm:num_requests_running")
-                      + engine_metric(port, "vllm:num_requests_waiting") == 0, within_s=1.0)
+    assert eventually(
+        lambda: (
+            engine_metric(port, "vllm:num_requests_running")
+            + engine_metric(port, "vllm:num_requests_waiting")
+            == 0
+        ),
+        within_s=1.0,
+    )
     # (a canary probe, every 10 minutes, could hold a place for an instant: polled)
-    assert eventually(lambda: metric_total(url, "rmgate_slot_inflight")
-                      + metric_total(url, "rmgate_slot_queued") == 0, within_s=3.0)
+    assert eventually(
+        lambda: (
+            metric_total(url, "rmgate_slot_inflight") + metric_total(url, "rmgate_slot_queued") == 0
+        ),
+        within_s=3.0,
+    )
     assert metric_total(url, "rmgate_engine_requests_aborted_total") > aborted
-    r = httpx.post(url + "/classify", json={"model": "rm", "input": mine[0]}, headers=headers,
-                   timeout=120)
+    r = httpx.post(
+        url + "/classify", json={"model": "rm", "input": mine[0]}, headers=headers, timeout=120
+    )
     assert r.status_code == 200 and r.headers["x-rmgate-slot"] == str(slot), r.text
 
 
@@ -130,13 +143,22 @@ def long_judge_request_then_leave(url: str, seed: int, timeout_s: float, hold_s:
     """A judge request for 8 x 1,000 tokens sent over a raw socket to ``url``, whose client
     closes the socket after ``hold_s`` seconds (a trainer that went away)."""
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "judge", "max_tokens": 1000, "ignore_eos": True, "n": 8,
-                       "seed": seed,
-                       "messages": [{"role": "user", "content": "a long answer, please"}]})
+    body = json.dumps(
+        {
+            "model": "judge",
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "n": 8,
+            "seed": seed,
+            "messages": [{"role": "user", "content": "a long answer, please"}],
+        }
+    )
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {len(body)}"
-                     f"\r\nx-rmgate-timeout: {timeout_s:g}\r\n\r\n{body}".encode())
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+            f"\r\nx-rmgate-timeout: {timeout_s:g}\r\n\r\n{body}".encode()
+        )
         time.sleep(hold_s)
 
 

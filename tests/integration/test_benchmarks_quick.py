@@ -24,21 +24,31 @@ pytestmark = pytest.mark.integration
 #: RMGATE_BENCH_SMOKE=1: the default suite stays under its 35 minutes with the install.
 bench_smoke = pytest.mark.skipif(
     os.environ.get("RMGATE_BENCH_SMOKE") != "1",
-    reason="benchmark smoke test; RMGATE_BENCH_SMOKE=1 runs it (docs/testing.md)")
+    reason="benchmark smoke test; RMGATE_BENCH_SMOKE=1 runs it (docs/testing.md)",
+)
 
 
 @bench_smoke
 def test_side_by_side_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--quick",
-                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                         timeout=1200)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.side_by_side", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "side_by_side.json").read_text())
     assert set(report["overhead"]) == {"disrm", "grm"}
     for rows in report["overhead"].values():
         for row in rows.values():
-            assert {"a_engines", "b_least_loaded", "c_rmgate", "d_rmgate_serve_proxy",
-                    "ratios"} <= set(row)
+            assert {
+                "a_engines",
+                "b_least_loaded",
+                "c_rmgate",
+                "d_rmgate_serve_proxy",
+                "ratios",
+            } <= set(row)
             # the CPU accounting found each path's own gateway processes
             assert row["b_least_loaded"]["gateway_cpu_ms_per_req"] > 0
             assert row["c_rmgate"]["cpu_ms_per_req"]["ingress"] > 0
@@ -50,9 +60,13 @@ def test_side_by_side_quick(demo_models, tmp_path):
 
 @bench_smoke
 def test_replica_throughput_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.replica_throughput",
-                          "--quick", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
-                         text=True, timeout=1200)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.replica_throughput", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "replica_throughput.json").read_text())
     rows = report["variants"]["own-cores"]["by_replicas"]
@@ -64,9 +78,13 @@ def test_replica_throughput_quick(demo_models, tmp_path):
 
 @bench_smoke
 def test_hops_quick(demo_models, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.hops", "--quick",
-                          "--out", str(tmp_path / "hops.json")], cwd=REPO, capture_output=True,
-                         text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.hops", "--quick", "--out", str(tmp_path / "hops.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "hops.json").read_text())
     assert set(report["paths"]) == {"engine", "rmgate-direct", "rmgate-handle"}

@@ -2,14 +2,13 @@
 
 Ray Serve's own ``serve run CONFIG`` starts the compact layout (all slots in one
 application) with API-key auth and ``failover: next_slot``. Runs after the session's
-gateway is stopped (``tests/conftest.py``), so ``serve run`` has its own local Ray; it is stopped with
-Ctrl-C (SIGINT) like a user would, and must leave nothing behind.
+gateway is stopped (``tests/conftest.py``), so ``serve run`` has its own local Ray; it is
+stopped with Ctrl-C (SIGINT) like a user would, and must leave nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import signal
@@ -25,12 +24,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.client import RewardClient
-from tests.integration.stalls import check_stalled_slot, engine_port
-from tests.integration.conftest import (REPO, free_port, stop_process_group, wait_until_gone,
-                                        wait_until_serving)
-from gateway.harness.processes import engine_launcher_pid
 from deployments.demo.training import sum_items
+from gateway.client import RewardClient
+from gateway.harness.processes import engine_launcher_pid
+from tests.integration.conftest import (
+    REPO,
+    free_port,
+    stop_process_group,
+    wait_until_gone,
+    wait_until_serving,
+)
+from tests.integration.stalls import check_stalled_slot, engine_port
 
 pytestmark = pytest.mark.integration
 
@@ -46,36 +50,73 @@ def serve_run(demo_models, tmp_path_factory):
     port = free_port()
     config = {
         "http_options": {"host": "127.0.0.1", "port": port},
-        "applications": [{
-            "name": "rmgate", "route_prefix": "/", "import_path": "gateway.serve.app:build_app",
-            "args": {"models": [{"name": "rm", "kind": "discriminative",
-                                 "model_path": str(demo_models / "disrm"), "replicas": 2,
-                                 "engine_args": {"dtype": "float32", "max_model_len": 512,
-                                                 "enforce_eager": True},
-                                 "cpu_cores_per_slot": 1},
-                                {"name": "rm-probed", "kind": "discriminative",
-                                 "model_path": str(demo_models / "disrm-large"),
-                                 "determinism": "off", "selftest": "always",
-                                 "engine_args": {"dtype": "float32", "max_model_len": 512,
-                                                 "enforce_eager": True},
-                                 "cpu_cores_per_slot": 1}],
-                     # next_slot is a pinned-placement option (across slots, marked)
-                     "gateway": {"placement": "pinned", "failover": "next_slot",
-                                 "failover_after_s": 1.0,
-                                 "slot_wait_s": 240, "api_keys_env": "RMGATE_TEST_KEYS",
-                                 "cache": "off"}}}],  # failover tests resend bodies
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "models": [
+                        {
+                            "name": "rm",
+                            "kind": "discriminative",
+                            "model_path": str(demo_models / "disrm"),
+                            "replicas": 2,
+                            "engine_args": {
+                                "dtype": "float32",
+                                "max_model_len": 512,
+                                "enforce_eager": True,
+                            },
+                            "cpu_cores_per_slot": 1,
+                        },
+                        {
+                            "name": "rm-probed",
+                            "kind": "discriminative",
+                            "model_path": str(demo_models / "disrm-large"),
+                            "determinism": "off",
+                            "selftest": "always",
+                            "engine_args": {
+                                "dtype": "float32",
+                                "max_model_len": 512,
+                                "enforce_eager": True,
+                            },
+                            "cpu_cores_per_slot": 1,
+                        },
+                    ],
+                    # next_slot is a pinned-placement option (across slots, marked)
+                    "gateway": {
+                        "placement": "pinned",
+                        "failover": "next_slot",
+                        "failover_after_s": 1.0,
+                        "slot_wait_s": 240,
+                        "api_keys_env": "RMGATE_TEST_KEYS",
+                        "cache": "off",
+                    },
+                },
+            }
+        ],  # failover tests resend bodies
     }
     cfg_path = tmp / "serve-run.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     log = tmp / "serve-run.log"
     marker = str(tmp / "engines")
-    env = {**os.environ, "RMGATE_LOG_DIR": marker, "HF_HUB_OFFLINE": "1",
-           "RMGATE_TEST_KEYS": f"other-key,{KEY}"}
+    env = {
+        **os.environ,
+        "RMGATE_LOG_DIR": marker,
+        "HF_HUB_OFFLINE": "1",
+        "RMGATE_TEST_KEYS": f"other-key,{KEY}",
+    }
     env.pop("RAY_ADDRESS", None)
     serve_bin = Path(sys.executable).parent / "serve"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(serve_bin), "run", str(cfg_path)], cwd=REPO, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(serve_bin), "run", str(cfg_path)],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, proc, log, 600, headers=AUTH)
@@ -113,21 +154,41 @@ def test_serve_run_config_serves_with_auth(serve_run):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/classify", "/pooling", "/v1/chat/completions", "/v1/completions",
-                             "/v1/rewards", "/get_reward"]),
-       body=st.one_of(
-           st.binary(max_size=300),
-           st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
-                        st.text(max_size=50),
-                        lambda c: st.lists(c, max_size=4) | st.dictionaries(
-                            st.sampled_from(["model", "input", "messages", "items", "query",
-                                             "seed", "max_tokens", "x"]), c, max_size=4),
-                        max_leaves=12).map(lambda v: json.dumps(v).encode())))
+@given(
+    path=st.sampled_from(
+        [
+            "/classify",
+            "/pooling",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/rewards",
+            "/get_reward",
+        ]
+    ),
+    body=st.one_of(
+        st.binary(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+            lambda c: (
+                st.lists(c, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(
+                        ["model", "input", "messages", "items", "query", "seed", "max_tokens", "x"]
+                    ),
+                    c,
+                    max_size=4,
+                )
+            ),
+            max_leaves=12,
+        ).map(lambda v: json.dumps(v).encode()),
+    ),
+)
 def test_live_fuzz_never_5xx(serve_run, path, body):
     """The ASGI-level fuzz (tests/unit) again, over real HTTP against real engines."""
     url, _ = serve_run
-    r = httpx.post(url + path, content=body, headers={**AUTH, "content-type": "application/json"},
-                   timeout=120)
+    r = httpx.post(
+        url + path, content=body, headers={**AUTH, "content-type": "application/json"}, timeout=120
+    )
     assert r.status_code < 500, (r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json"), r.headers
     r.json()
@@ -139,8 +200,9 @@ def test_a_stalled_slot_with_next_slot_failover_answers_504_at_the_deadline(serv
     timeout per candidate. ``serve run``'s engines answer only with their secret."""
     url, engines = serve_run
     port = engine_port(engines, "rm-1")
-    r = httpx.post(f"http://127.0.0.1:{port}/classify", json={"model": "rm", "input": "x"},
-                   timeout=30)
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/classify", json={"model": "rm", "input": "x"}, timeout=30
+    )
     assert r.status_code == 401, r.text
     check_stalled_slot(url, engines, slot=1, tag="next", headers=AUTH)
 
@@ -153,13 +215,15 @@ def test_next_slot_failover_under_load(serve_run):
     items = sum_items(250, seed=11)
     reference = RewardClient(url, model="rm", concurrency=8, api_key=KEY).score(items)
     metric_before = _failovers(url)
-    port = int(max(engines.glob("rm-0-*.log"), key=lambda p: p.stat().st_mtime).stem
-               .rsplit("-", 1)[1])
+    port = int(
+        max(engines.glob("rm-0-*.log"), key=lambda p: p.stat().st_mtime).stem.rsplit("-", 1)[1]
+    )
     result: dict = {}
 
     def run() -> None:
-        result["rewards"] = RewardClient(url, model="rm", concurrency=4, batch_size=1,
-                                         api_key=KEY).score(items)
+        result["rewards"] = RewardClient(
+            url, model="rm", concurrency=4, batch_size=1, api_key=KEY
+        ).score(items)
 
     worker = threading.Thread(target=run)
     worker.start()
@@ -170,7 +234,9 @@ def test_next_slot_failover_under_load(serve_run):
     deadline = time.monotonic() + 60
     while marked is None and time.monotonic() < deadline:
         for text in (f"{a}+{a}={a}" for a in range(40)):
-            r = httpx.post(url + "/classify", json={"model": "rm", "input": text}, headers=AUTH, timeout=120)
+            r = httpx.post(
+                url + "/classify", json={"model": "rm", "input": text}, headers=AUTH, timeout=120
+            )
             if "x-rmgate-failover" in r.headers:
                 marked = r.headers
                 break
@@ -184,8 +250,11 @@ def test_next_slot_failover_under_load(serve_run):
 
 def _failovers(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rmgate_failovers_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rmgate_failovers_total{")
+    )
 
 
 def test_selftest_verdict_is_right_and_a_failure_falls_back_to_serialize(serve_run):
@@ -201,8 +270,9 @@ def test_selftest_verdict_is_right_and_a_failure_falls_back_to_serialize(serve_r
     from deployments.engine.selftest import probe_texts
 
     url, _ = serve_run
-    cards = {c["id"]: c for c in httpx.get(url + "/v1/models", headers=AUTH,
-                                           timeout=60).json()["data"]}
+    cards = {
+        c["id"]: c for c in httpx.get(url + "/v1/models", headers=AUTH, timeout=60).json()["data"]
+    }
     probed = cards["rm-probed"]
     test = probed["selftest"][0]
     assert test["mode"] == "off" and cards["rm"]["selftest"] == [None, None]  # serialize: none
@@ -213,12 +283,23 @@ def test_selftest_verdict_is_right_and_a_failure_falls_back_to_serialize(serve_r
     else:
         assert test["fallback"] == "serialize" and test["identical"] < test["total"]
         assert "differ alone vs batched" in test["reason"]
-        assert probed["determinism"] == "serialize" and "mode=serialize" in probed["fingerprints"][0]
+        assert (
+            probed["determinism"] == "serialize" and "mode=serialize" in probed["fingerprints"][0]
+        )
         texts = [chr(c) for c in range(ord("a"), ord("a") + 24)]
-    alone = [httpx.post(url + "/classify", json={"model": "rm-probed", "input": t,
-                                                 "use_activation": False},
-                        headers=AUTH, timeout=120).json()["data"][0]["probs"] for t in texts]
-    together = httpx.post(url + "/classify", json={"model": "rm-probed", "input": texts,
-                                                   "use_activation": False},
-                          headers=AUTH, timeout=300).json()["data"]
+    alone = [
+        httpx.post(
+            url + "/classify",
+            json={"model": "rm-probed", "input": t, "use_activation": False},
+            headers=AUTH,
+            timeout=120,
+        ).json()["data"][0]["probs"]
+        for t in texts
+    ]
+    together = httpx.post(
+        url + "/classify",
+        json={"model": "rm-probed", "input": texts, "use_activation": False},
+        headers=AUTH,
+        timeout=300,
+    ).json()["data"]
     assert [d["probs"] for d in sorted(together, key=lambda d: d["index"])] == alone

@@ -34,10 +34,10 @@ import sysconfig
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -55,8 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_RECIPE = [
     ("pip_install_torch_s", ["install", "torch==2.13.0"]),
     ("pip_install_wheel_cpu_s", ["install", "{wheel}[cpu]"]),
-    ("pip_uninstall_torchvision_s", ["uninstall", "-y", "torchvision", "torchaudio",
-                                     "torchcodec"]),
+    ("pip_uninstall_torchvision_s", ["uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]),
 ]
 INSTALL_TIMEOUT_S = 1800
 START_TIMEOUT_S = 900
@@ -67,12 +66,16 @@ TIMINGS: dict[str, float] = {}
 
 # -- building and installing ------------------------------------------------------------
 
+
 def source_files() -> list[str]:
     """The checkout's files as a commit would hold them: tracked + untracked, not ignored."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard"], cwd=REPO, check=True,
-                             capture_output=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.fail(f"git ls-files failed in {REPO}: {exc}")
     names = sorted({n for n in out.decode().split("\0") if n})
@@ -94,11 +97,12 @@ def run_logged(cmd: list[str], log: Path, timeout: float, **kwargs) -> None:
     with open(log, "ab") as fh:
         fh.write(("\n$ " + " ".join(cmd) + "\n").encode())
         fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
-                              **kwargs)
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, **kwargs)
     if proc.returncode:
-        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
-                    f"{log.read_text(errors='replace')[-5000:]}")
+        pytest.fail(
+            f"{' '.join(cmd)} exited with {proc.returncode}:\n"
+            f"{log.read_text(errors='replace')[-5000:]}"
+        )
 
 
 @contextmanager
@@ -110,10 +114,22 @@ def timed(name: str) -> Iterator[None]:
 
 def clean_env(venv: Path, **extra: str) -> dict[str, str]:
     """The environment of a user who just made ``venv``: nothing points at the checkout."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV",
-                        "RMGATE_HOME", "XDG_CACHE_HOME", "RAY_ADDRESS", "RMGATE_STATE_DIR",
-                        "XDG_STATE_HOME"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "PYTHONSTARTUP",
+            "VIRTUAL_ENV",
+            "RMGATE_HOME",
+            "XDG_CACHE_HOME",
+            "RAY_ADDRESS",
+            "RMGATE_STATE_DIR",
+            "XDG_STATE_HOME",
+        }
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
     env.update(HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", PIP_NO_INPUT="1")
@@ -133,8 +149,13 @@ def make_venv(venv: Path, wheel: Path, log: Path, packages_from: Path | None = N
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     for name, args in INSTALL_RECIPE:
         with timed(name):  # cwd outside the checkout; pip's cache and config as the user's
-            run_logged([*pip, *(a.format(wheel=wheel) for a in args)], log, INSTALL_TIMEOUT_S,
-                       cwd=log.parent, env=clean_env(venv))
+            run_logged(
+                [*pip, *(a.format(wheel=wheel) for a in args)],
+                log,
+                INSTALL_TIMEOUT_S,
+                cwd=log.parent,
+                env=clean_env(venv),
+            )
 
 
 #: The test venv's own rmgate (editable, pointing at the checkout): never linked in.
@@ -146,13 +167,24 @@ def link_packages(site: Path, venv: Path) -> None:
     editable rmgate and what the new venv has already (pip, setuptools). Safe for the
     source: pip replaces a package by new files (uninstall moves, install writes anew),
     never by writing into an existing one."""
-    dst = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip())
+    dst = Path(
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     have = {p.name for p in dst.iterdir()}
-    entries = [str(p) for p in sorted(site.iterdir())
-               if p.name not in have and not EDITABLE_RMGATE.match(p.name)
-               and p.name != "__pycache__"]
+    entries = [
+        str(p)
+        for p in sorted(site.iterdir())
+        if p.name not in have and not EDITABLE_RMGATE.match(p.name) and p.name != "__pycache__"
+    ]
     subprocess.run(["cp", "-al", *entries, str(dst)], check=True)
 
 
@@ -168,8 +200,21 @@ def wheel(tmp_path_factory) -> Path:
     with timed("source_copy_s"):
         copy_source(tmp / "src")
     with timed("wheel_build_s"):
-        run_logged([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp / "dist"),
-                    str(tmp / "src")], tmp / "build.log", 600, cwd=tmp)
+        run_logged(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-w",
+                str(tmp / "dist"),
+                str(tmp / "src"),
+            ],
+            tmp / "build.log",
+            600,
+            cwd=tmp,
+        )
     built = list((tmp / "dist").glob("rmgate-*.whl"))
     assert len(built) == 1, built
     return built[0]
@@ -196,25 +241,34 @@ def venv(wheel, request) -> Path:
 
 
 def venv_python(venv: Path, code: str, cwd: Path, **env: str) -> str:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=cwd,
-                          env=clean_env(venv, **env), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        cwd=cwd,
+        env=clean_env(venv, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip()
 
 
 # -- sockets ----------------------------------------------------------------------------
 
-LOOPBACK = {"0100007F", "00000000000000000000000001000000",  # 127.0.0.1, ::1
-            "0000000000000000FFFF00000100007F"}              # ::ffff:127.0.0.1
+LOOPBACK = {
+    "0100007F",
+    "00000000000000000000000001000000",  # 127.0.0.1, ::1
+    "0000000000000000FFFF00000100007F",
+}  # ::ffff:127.0.0.1
 
 
 def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
     """(pid, local address in /proc/net hex, port) of every TCP socket in LISTEN state
     that one of ``pids`` holds."""
     table = listening_table()
-    return sorted({(pid, *table[inode]) for pid in pids for inode in socket_inodes(pid)
-                   if inode in table})
+    return sorted(
+        {(pid, *table[inode]) for pid in pids for inode in socket_inodes(pid) if inode in table}
+    )
 
 
 def describe(pid: int) -> str:
@@ -237,8 +291,11 @@ def pss_bytes(pid: int) -> int:
 
 def is_ray_process(cmdline: str) -> bool:
     """Ray's own processes: GCS, raylet, dashboard and agents, workers and actors."""
-    return (cmdline.startswith("ray::") or "/ray/core/src/ray/" in cmdline
-            or "site-packages/ray/" in cmdline)
+    return (
+        cmdline.startswith("ray::")
+        or "/ray/core/src/ray/" in cmdline
+        or "site-packages/ray/" in cmdline
+    )
 
 
 def gateway_ports(http_port: int, engines: Path, driver_pid: int) -> dict[str, set[int]]:
@@ -247,10 +304,16 @@ def gateway_ports(http_port: int, engines: Path, driver_pid: int) -> dict[str, s
     HAProxy config Serve wrote for it: ``haproxy`` (the HTTP frontend, the ingress replicas'
     direct ports, the fallback proxy) and ``haproxy_admin`` (its stats and Prometheus
     frontends, which Ray 2.60's template binds on all interfaces: ``bind *:port``)."""
-    ports: dict[str, set[int]] = {"http": {http_port, 8265}, "haproxy": set(),
-                                  "haproxy_admin": set()}
-    ports["engines"] = {int(p.stem.rsplit("-", 1)[1]) for p in engines.glob("*.log")
-                        if p.stem.rsplit("-", 1)[-1].isdigit()}
+    ports: dict[str, set[int]] = {
+        "http": {http_port, 8265},
+        "haproxy": set(),
+        "haproxy_admin": set(),
+    }
+    ports["engines"] = {
+        int(p.stem.rsplit("-", 1)[1])
+        for p in engines.glob("*.log")
+        if p.stem.rsplit("-", 1)[-1].isdigit()
+    }
     section = ""
     proxy_dir = Path(tempfile.gettempdir(), f"rmgate-proxy-{driver_pid}")  # gateway.cli's
     for cfg in sorted(proxy_dir.rglob("*")):  # HAProxy's config lies a folder down
@@ -270,8 +333,9 @@ def gateway_ports(http_port: int, engines: Path, driver_pid: int) -> dict[str, s
     return ports
 
 
-def check_loopback(listeners: list[tuple[int, str, int]], ports: dict[str, set[int]],
-                   driver_pid: int) -> tuple[list[str], list[str]]:
+def check_loopback(
+    listeners: list[tuple[int, str, int]], ports: dict[str, set[int]], driver_pid: int
+) -> tuple[list[str], list[str]]:
     """(problems, known listeners beyond loopback). A problem: one of the gateway's serving
     ports (HTTP, dashboard, engines, HAProxy's frontend and servers) beyond loopback, or a
     process that is not Ray's (vLLM, an engine launcher, HAProxy) listening beyond it.
@@ -296,6 +360,7 @@ def check_loopback(listeners: list[tuple[int, str, int]], ports: dict[str, set[i
 
 # -- the tests --------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, venv, tmp_path):
     with zipfile.ZipFile(wheel) as zf:
@@ -309,10 +374,18 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
     empty = tmp_path / "cwd"
     empty.mkdir()
     site = venv_python(venv, "import sysconfig; print(sysconfig.get_paths()['purelib'])", empty)
-    where = json.loads(venv_python(venv, (
-        "import json, gateway, gateway.cli as c, deployments;"
-        "print(json.dumps([gateway.__file__, deployments.__file__, c.in_checkout(),"
-        " str(c.demo_root())]))"), empty, HOME=str(tmp_path / "home")))
+    where = json.loads(
+        venv_python(
+            venv,
+            (
+                "import json, gateway, gateway.cli as c, deployments;"
+                "print(json.dumps([gateway.__file__, deployments.__file__, c.in_checkout(),"
+                " str(c.demo_root())]))"
+            ),
+            empty,
+            HOME=str(tmp_path / "home"),
+        )
+    )
     for module in where[:2]:
         assert Path(module).is_relative_to(site), (module, site)
         assert not Path(module).is_relative_to(REPO / "gateway"), module
@@ -320,13 +393,16 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
     assert where[3] == str(tmp_path / "home" / ".cache" / "rmgate")
     # The other two places the demo models can go, in order of precedence.
     root = "import gateway.cli.main as c; print(c.demo_root())"
-    assert venv_python(venv, root, empty, HOME=str(tmp_path / "home"),
-                       XDG_CACHE_HOME=str(tmp_path / "xdg")) == str(tmp_path / "xdg" / "rmgate")
-    assert venv_python(venv, root, empty, XDG_CACHE_HOME=str(tmp_path / "xdg"),
-                       RMGATE_HOME=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert venv_python(
+        venv, root, empty, HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg")
+    ) == str(tmp_path / "xdg" / "rmgate")
+    assert venv_python(
+        venv, root, empty, XDG_CACHE_HOME=str(tmp_path / "xdg"), RMGATE_HOME=str(tmp_path / "mine")
+    ) == str(tmp_path / "mine")
     # The packaged config is the one `rmgate demo` serves, and it is a regular file.
-    config = venv_python(venv, ("import gateway.cli.main as c\nwith c.demo_config() as p: print(p)"),
-                         empty)
+    config = venv_python(
+        venv, ("import gateway.cli.main as c\nwith c.demo_config() as p: print(p)"), empty
+    )
     assert Path(config).is_relative_to(site) and not Path(config).is_symlink(), config
     assert Path(config).read_bytes() == shipped
     assert not list(empty.iterdir())
@@ -363,9 +439,14 @@ def demo(venv, tmp_path_factory) -> Iterator[Demo]:
     log = tmp / "demo.log"
     start = time.monotonic()
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(venv / "bin" / "rmgate"), "demo", "--port", str(port)],
-                                cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "rmgate"), "demo", "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_until_serving(url, proc, log, START_TIMEOUT_S)
         TIMINGS["demo_start_s"] = round(time.monotonic() - start, 1)
@@ -388,13 +469,20 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     models = httpx.get(url + "/v1/models", timeout=30).json()
     assert {m["id"] for m in models["data"]} >= {"judge", "rm"}, models
 
-    r = httpx.post(url + "/classify", json={"model": "rm", "input": ["2+3=5", "2+3=6"]},
-                   timeout=120)
+    r = httpx.post(
+        url + "/classify", json={"model": "rm", "input": ["2+3=5", "2+3=6"]}, timeout=120
+    )
     assert r.status_code == 200, r.text
     assert len(r.json()["data"]) == 2
-    r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-        "model": "judge", "max_tokens": 8,
-        "messages": [{"role": "user", "content": "Is 2+3=5 right?"}]})
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "judge",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Is 2+3=5 right?"}],
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
 
@@ -402,20 +490,25 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     ours = gateway_ports(port, Path(marker), proc.pid)
     problems, known = check_loopback(listeners, ours, proc.pid)
     bound = {p for _, _, p in listeners}
-    TIMINGS["demo_pss_gib"] = round(sum(pss_bytes(pid) for pid in
-                                        processes_with_env(marker)) / 2**30, 1)
-    (tmp_path / "listeners.json").write_text(json.dumps(  # for the record
-        {"ports": {k: sorted(v) for k, v in ours.items()},
-         "listeners": [(describe(pid)[:160], addr, p) for pid, addr, p in listeners]},
-        indent=1))
+    TIMINGS["demo_pss_gib"] = round(
+        sum(pss_bytes(pid) for pid in processes_with_env(marker)) / 2**30, 1
+    )
+    (tmp_path / "listeners.json").write_text(
+        json.dumps(  # for the record
+            {
+                "ports": {k: sorted(v) for k, v in ours.items()},
+                "listeners": [(describe(pid)[:160], addr, p) for pid, addr, p in listeners],
+            },
+            indent=1,
+        )
+    )
     text = demo.log.read_text(errors="replace")
     built = demo.home / ".cache" / "rmgate" / "models" / "demo"
     assert f"building demo models in {built} ..." in text, text[-3000:]
     assert demo_models_present(built)
     assert not list(demo.cwd.iterdir()), list(demo.cwd.iterdir())  # nothing written there
     # Loopback only, for everything rmgate opens.
-    assert port in bound and len(ours["engines"] & bound) >= 4, (
-        ours, listeners)  # judge x2, rm x2
+    assert port in bound and len(ours["engines"] & bound) >= 4, (ours, listeners)  # judge x2, rm x2
     assert ours["haproxy"] or "HTTP path: serve" in text, ours  # HAProxy's, where it runs
     assert not problems, "listening beyond loopback:\n" + "\n".join(problems)
     # Every engine answers only its gateway: 401 without its slot's secret, /health open.
@@ -426,8 +519,11 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
             r = httpx.post(base + path, json={"model": "rm", "input": "x"}, timeout=30)
             assert r.status_code == 401, (engine, path, r.status_code, r.text)
     TIMINGS["known_listeners_beyond_loopback"] = len(known)
-    print("\nknown listeners beyond loopback (Ray 2.60's gRPC servers and agents, HAProxy "
-          "stats/metrics):\n  " + "\n  ".join(known), flush=True)
+    print(
+        "\nknown listeners beyond loopback (Ray 2.60's gRPC servers and agents, HAProxy "
+        "stats/metrics):\n  " + "\n  ".join(known),
+        flush=True,
+    )
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -438,8 +534,14 @@ def test_rmgate_check_of_the_shipped_demo_says_identical(demo):
     IDENTICAL, exit 0, with both slots used (the verifier that counted a moved key as a
     difference said DIFFERENT here). Its negative control (a plain ``off`` engine, and
     ``--against`` it): tests/integration/test_negative_control.py."""
-    out = subprocess.run([str(demo.venv / "bin" / "rmgate"), "check", demo.url], cwd=demo.cwd,
-                         env=demo.env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [str(demo.venv / "bin" / "rmgate"), "check", demo.url],
+        cwd=demo.cwd,
+        env=demo.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "VERDICT: IDENTICAL" in out.stdout, out.stdout
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("A c=")]
@@ -453,16 +555,24 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
     the same bytes even when class placement spreads their items over other slots (seen
     in ``x-rmgate-slot``, one slot per item). The batch is sent several times, one batch
     alone and two at once, until two runs were answered by different slots."""
-    queries = [f"<s>{a}+{b}={(a + b + k) % 19}</s>" for a in range(4) for b in range(4)
-               for k in (0, 1, 2)]
+    queries = [
+        f"<s>{a}+{b}={(a + b + k) % 19}</s>" for a in range(4) for b in range(4) for k in (0, 1, 2)
+    ]
     body = {"query": queries, "prompts": [q[3:7] for q in queries], "labels": [None] * 48}
 
     async def batch(n: int) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=600) as client:
             # cache off: each batch computed again (a hit would name the recorded slots)
-            return list(await asyncio.gather(*(client.post(
-                demo.url + "/get_reward", json=body, headers={"x-rmgate-cache": "off"})
-                for _ in range(n))))
+            return list(
+                await asyncio.gather(
+                    *(
+                        client.post(
+                            demo.url + "/get_reward", json=body, headers={"x-rmgate-cache": "off"}
+                        )
+                        for _ in range(n)
+                    )
+                )
+            )
 
     answers: list[httpx.Response] = []
     for n in (1, 2, 2, 2, 2):
@@ -480,6 +590,7 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
 
 def engine_requests_done(url: str, model: str) -> float:
     from gateway.harness.processes import engine_requests_done as done
+
     return done(url, [model])
 
 
@@ -492,7 +603,8 @@ def ingress_pids(marker: str) -> list[int]:
         except OSError:
             continue
         if "ServeReplica" in cmd and cmd.split("ServeReplica", 1)[1].rstrip("\0 ").endswith(
-                "gateway"):
+            "gateway"
+        ):
             out.append(pid)
     return out
 
@@ -512,30 +624,40 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     from gateway.core.api.answers import answer_of
 
     db = demo.home / ".local" / "state" / "rmgate" / "ledger.sqlite3"
-    judge = [{"model": "judge", "max_tokens": 6, "messages": [
-        {"role": "user", "content": f"ledger {i}: is {i}+1={i + 1}?"}]} for i in range(48)]
+    judge = [
+        {
+            "model": "judge",
+            "max_tokens": 6,
+            "messages": [{"role": "user", "content": f"ledger {i}: is {i}+1={i + 1}?"}],
+        }
+        for i in range(48)
+    ]
     disrm = [{"model": "rm", "input": f"ledger {i}: {i}+1={i + 2}"} for i in range(48)]
     calls = [("/v1/chat/completions", b) for b in judge] + [("/classify", b) for b in disrm]
 
     async def send(pairs, headers=None, concurrency=16) -> list[httpx.Response]:
         sem = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(timeout=600, base_url=demo.url) as client:
+
             async def one(path, body):
                 async with sem:
                     return await client.post(path, json=body, headers=headers)
+
             return list(await asyncio.gather(*(one(p, b) for p, b in pairs)))
 
     fresh = asyncio.run(send(calls, {"x-rmgate-cache": "off"}))
     assert all(r.status_code == 200 for r in fresh), [r.text for r in fresh][:2]
-    engines_before = engine_requests_done(demo.url, "judge") + engine_requests_done(demo.url,
-                                                                                   "rm")
+    engines_before = engine_requests_done(demo.url, "judge") + engine_requests_done(demo.url, "rm")
     cached = asyncio.run(send(calls))
     assert [r.headers.get("x-rmgate-cache") for r in cached] == ["hit"] * len(calls)
     assert [r.content for r in cached] == [r.content for r in fresh]
-    assert [r.headers["x-rmgate-receipt"] for r in cached] == \
-        [r.headers["x-rmgate-receipt"] for r in fresh]
-    assert engine_requests_done(demo.url, "judge") + engine_requests_done(
-        demo.url, "rm") == engines_before
+    assert [r.headers["x-rmgate-receipt"] for r in cached] == [
+        r.headers["x-rmgate-receipt"] for r in fresh
+    ]
+    assert (
+        engine_requests_done(demo.url, "judge") + engine_requests_done(demo.url, "rm")
+        == engines_before
+    )
 
     burst = {"model": "rm", "input": "one call for sixty-four asks"}
     before = engine_requests_done(demo.url, "rm")
@@ -546,20 +668,28 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     assert {r.headers["x-rmgate-cache"] for r in answers} <= {"hit", "miss", "shared"}
 
     # the first asker's client leaves (its call leads the flight): the others still get it
-    ask = {"model": "judge", "max_tokens": 48, "messages": [
-        {"role": "user", "content": "a long answer that the first asker stops waiting for"}]}
+    ask = {
+        "model": "judge",
+        "max_tokens": 48,
+        "messages": [
+            {"role": "user", "content": "a long answer that the first asker stops waiting for"}
+        ],
+    }
 
     async def leader_leaves() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=600, base_url=demo.url) as client:
+
             async def impatient() -> None:
                 try:
                     await client.post("/v1/chat/completions", json=ask, timeout=0.15)
                 except httpx.TimeoutException:
                     pass
+
             first = asyncio.create_task(impatient())
             await asyncio.sleep(0.05)
-            rest = await asyncio.gather(*(client.post("/v1/chat/completions", json=ask)
-                                          for _ in range(3)))
+            rest = await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=ask) for _ in range(3))
+            )
             await first
             return list(rest)
 
@@ -581,6 +711,7 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
             await asyncio.sleep(0.5)
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
+
         await asyncio.gather(send(more, concurrency=4), kill(), return_exceptions=True)
 
     asyncio.run(load_and_kill())

@@ -13,17 +13,27 @@ import pytest
 
 from gateway.harness.processes import engine_secret_headers
 from gateway.harness.running import metric_total
-from tests.integration.stalls import (check_stalled_slot, engine_metric, engine_port,
-                                      long_judge_request_then_leave, until_quiet)
+from tests.integration.stalls import (
+    check_stalled_slot,
+    engine_metric,
+    engine_port,
+    long_judge_request_then_leave,
+    until_quiet,
+)
 
 pytestmark = pytest.mark.integration
 
-SLOT_APPS = {"judge-0": "/v1/chat/completions", "judge-1": "/v1/chat/completions",
-             "rm-0": "/classify", "rm-1": "/classify", "rm-large-0": "/classify"}
+SLOT_APPS = {
+    "judge-0": "/v1/chat/completions",
+    "judge-1": "/v1/chat/completions",
+    "rm-0": "/classify",
+    "rm-1": "/classify",
+    "rm-large-0": "/classify",
+}
 
 
 def _engines() -> Path:
-    return (Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines")
+    return Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines"
 
 
 def _body(path: str, model: str) -> dict:
@@ -57,8 +67,12 @@ def test_every_engine_refuses_a_caller_without_its_secret(gateway):
         assert len(token) >= 32
         for where, text in (("/v1/models", models), ("logs", logs), ("ps", commands)):
             assert token not in text, f"{app}'s secret appears in {where}"
-    assert httpx.post(url + "/classify", json={"model": "rm", "input": "2+3=5"},
-                      timeout=120).status_code == 200  # and the gateway works
+    assert (
+        httpx.post(
+            url + "/classify", json={"model": "rm", "input": "2+3=5"}, timeout=120
+        ).status_code
+        == 200
+    )  # and the gateway works
 
 
 def test_a_stalled_slot_answers_504_at_the_deadline(gateway):
@@ -73,8 +87,9 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
     engine stops generating long before 8,000 tokens. Closing a connection is not a sure
     signal on this saturated host, at any hop: about 1 close in 20 is missed, at HAProxy,
     Serve's direct ingress or vLLM's server (``benchmarks/disconnects.py``); the request's
-    deadline still ends the gateway's wait. So: up to six attempts; at least one disconnect noticed and counted,
-    at least two engine requests stopped early, and nothing running at the end."""
+    deadline still ends the gateway's wait. So: up to six attempts; at least one disconnect
+    noticed and counted, at least two engine requests stopped early, and nothing running at
+    the end."""
     url, _ = gateway
     ports = [engine_port(_engines(), f"judge-{s}") for s in (0, 1)]
 

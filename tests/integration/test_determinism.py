@@ -22,8 +22,9 @@ async def test_replays_are_bitwise_identical(gateway, kind):
     calls = grm_calls(SIZES[kind]) if kind == "grm" else disrm_calls(SIZES[kind])
     runs = [await replay(url, calls, shuffled(len(calls), s), c) for s, c in RUNS]
     first = runs[0]
-    assert all(r.status == 200 for r in first.values()), \
-        [r.essence for r in first.values() if r.status != 200][:3]
+    assert all(r.status == 200 for r in first.values()), [
+        r.essence for r in first.values() if r.status != 200
+    ][:3]
     for run in runs[1:]:
         differing = [i for i in first if run[i].essence != first[i].essence]
         assert not differing, f"{len(differing)} responses differ, e.g. {differing[:5]}"

@@ -15,14 +15,17 @@ from openai.types.chat import ChatCompletion
 
 from deployments.demo.training import sum_items
 from gateway.client import RewardClient
-from gateway.harness.processes import engine_launcher_pid
 from gateway.core.routing.hashing import slot_for_key
 from gateway.core.routing.keys import request_key
+from gateway.harness.processes import engine_launcher_pid
 
 pytestmark = pytest.mark.integration
 
-CHAT = {"model": "judge", "messages": [{"role": "user", "content": "Is 2+3=5 right?"}],
-        "max_tokens": 6}
+CHAT = {
+    "model": "judge",
+    "messages": [{"role": "user", "content": "Is 2+3=5 right?"}],
+    "max_tokens": 6,
+}
 
 
 def test_chat_response_parses_as_openai_and_carries_headers(gateway):
@@ -40,8 +43,10 @@ def test_openai_client_with_and_without_seed(gateway):
     url, _ = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     kw = dict(model="judge", messages=CHAT["messages"], max_tokens=6, temperature=1.0)
-    assert client.chat.completions.create(**kw).choices[0].message.content == \
+    assert (
         client.chat.completions.create(**kw).choices[0].message.content
+        == client.chat.completions.create(**kw).choices[0].message.content
+    )
     a = client.chat.completions.create(seed=5, **kw)
     b = client.chat.completions.create(seed=5, **kw)
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -74,18 +79,25 @@ def test_models_list(gateway):
     assert cards["rm"]["health"] == ["healthy", "healthy"]
 
 
-@pytest.mark.parametrize("path,content,status", [
-    ("/classify", b"{not json", 400),
-    ("/classify", b'{"model": "nope", "input": "x"}', 404),
-    ("/classify", b'{"input": 5}', 422),
-    ("/v1/chat/completions", b'{"model": "judge", "messages": [{"role": "user", '
-                             b'"content": "a"}], "max_tokens": -1}', 400),  # engine's 400
-    ("/v1/nothing", b"{}", 404),
-])
+@pytest.mark.parametrize(
+    "path,content,status",
+    [
+        ("/classify", b"{not json", 400),
+        ("/classify", b'{"model": "nope", "input": "x"}', 404),
+        ("/classify", b'{"input": 5}', 422),
+        (
+            "/v1/chat/completions",
+            b'{"model": "judge", "messages": [{"role": "user", "content": "a"}], "max_tokens": -1}',
+            400,
+        ),  # engine's 400
+        ("/v1/nothing", b"{}", 404),
+    ],
+)
 def test_errors_are_json_with_the_right_status(gateway, path, content, status):
     url, _ = gateway
-    r = httpx.post(url + path, content=content, timeout=60,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        url + path, content=content, timeout=60, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
     assert r.json()["error"]["message"]
@@ -111,12 +123,15 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     * rm-0 under a 300-request ``RewardClient`` load: 0 lost, 0 changed, none duplicated,
       same order."""
     url, _ = gateway
-    body = next(b for b in ({**CHAT, "seed": s} for s in range(100))
-                if slot_for_key(request_key("/v1/chat/completions", b), 2) == 1)
+    body = next(
+        b
+        for b in ({**CHAT, "seed": s} for s in range(100))
+        if slot_for_key(request_key("/v1/chat/completions", b), 2) == 1
+    )
     before = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
     assert before.headers["x-rmgate-slot"] == "1"
     old_fp = httpx.get(url + "/v1/models", timeout=30).json()
-    engine_dir = (Path(os.environ.get("RMGATE_TEST_LOG_ROOT", "/nonexistent")) / "engines")
+    engine_dir = Path(os.environ.get("RMGATE_TEST_LOG_ROOT", "/nonexistent")) / "engines"
     logs = sorted(engine_dir.glob("judge-1-*.log"))
     items = sum_items(300, seed=9)
     reference = RewardClient(url, model="rm", concurrency=8).score(items)
@@ -137,10 +152,13 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     assert result["rewards"] == reference
     assert after.status_code == 200, after.text
     assert after.headers["x-rmgate-slot"] == "1"
-    assert after.json()["choices"][0]["message"]["content"] == \
-        before.json()["choices"][0]["message"]["content"]
-    assert len(sorted(engine_dir.glob("judge-1-*.log"))) == len(logs) + 1, \
+    assert (
+        after.json()["choices"][0]["message"]["content"]
+        == before.json()["choices"][0]["message"]["content"]
+    )
+    assert len(sorted(engine_dir.glob("judge-1-*.log"))) == len(logs) + 1, (
         "slot 1 should run on a new engine"
+    )
     print(f"slot 1 answered again {time.monotonic() - t0:.0f}s after its engine was killed")
     new_fp = httpx.get(url + "/v1/models", timeout=30).json()
 
@@ -166,9 +184,13 @@ def test_serve_status_sees_the_slot_deployments(gateway):
     log = Path(os.environ["RMGATE_TEST_SERVE_LOG"]).read_text()
     match = re.search(r"serve status --address (\S+)", log)
     assert match, log[-2000:]
-    out = subprocess.run([str(Path(sys.executable).parent / "serve"), "status", "--address",
-                          match.group(1)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "RAY_AUTH_MODE": "token"})
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "serve"), "status", "--address", match.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
     assert out.returncode == 0, out.stderr
     for name in ("gateway", "judge-0", "judge-1", "rm-0", "rm-1", "rm-large-0"):
         assert name in out.stdout

@@ -12,37 +12,53 @@ import pytest
 
 from gateway.core.api.answers import answer_value
 from gateway.harness.running import metric_total
-from tests.integration.stalls import (engine_metric, engine_port,
-                                      long_judge_request_then_leave, until_quiet)
+from tests.integration.stalls import (
+    engine_metric,
+    engine_port,
+    long_judge_request_then_leave,
+    until_quiet,
+)
 
 pytestmark = pytest.mark.integration
 
 CALLS = [
     ("/classify", {"model": "rm", "input": ["2+3=5", "2+3=6", "7*6=42"]}),
-    ("/v1/chat/completions", {"model": "judge", "seed": 5, "max_tokens": 8,
-                              "messages": [{"role": "user", "content": "2+3=?"}]}),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "judge",
+            "seed": 5,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "2+3=?"}],
+        },
+    ),
     ("/v1/rewards", {"model": "rm", "items": [{"prompt": "2+3=", "response": "5"}]}),
 ]
 
 
 @pytest.mark.parametrize("path,body", CALLS, ids=[c[0] for c in CALLS])
-def test_the_direct_port_answers_what_serves_port_answers(gateway, gateway_direct_url, path,
-                                                          body):
+def test_the_direct_port_answers_what_serves_port_answers(gateway, gateway_direct_url, path, body):
     url, _ = gateway
     via_serve = httpx.post(url + path, json=body, timeout=120)
     direct = httpx.post(gateway_direct_url + path, json=body, timeout=120)
     assert via_serve.status_code == direct.status_code == 200, (via_serve.text, direct.text)
     # the answer's bits (gateway.core.api.answers: vLLM's own ids and clocks are not compared)
     assert answer_value(path, direct.json()) == answer_value(path, via_serve.json())
-    same = {k: v for k, v in via_serve.headers.items() if k.startswith("x-rmgate")
-            and k not in ("x-rmgate-receipt", "x-rmgate-cache")}
-    assert same and all(direct.headers.get(k) == v for k, v in same.items()), (same,
-                                                                               direct.headers)
+    same = {
+        k: v
+        for k, v in via_serve.headers.items()
+        if k.startswith("x-rmgate") and k not in ("x-rmgate-receipt", "x-rmgate-cache")
+    }
+    assert same and all(direct.headers.get(k) == v for k, v in same.items()), (same, direct.headers)
 
 
 def test_the_direct_port_answers_errors_as_json(gateway_direct_url):
-    bad = httpx.post(gateway_direct_url + "/classify", content=b"{nope", timeout=30,
-                     headers={"content-type": "application/json"})
+    bad = httpx.post(
+        gateway_direct_url + "/classify",
+        content=b"{nope",
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
     missing = httpx.get(gateway_direct_url + "/nowhere", timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
@@ -66,8 +82,7 @@ def test_a_client_that_leaves_the_direct_port_stops_its_engine(gateway, gateway_
         long_judge_request_then_leave(gateway_direct_url, 170 + attempt, 30, 0.5)
         stopped = until_quiet(generated, 40)
         tokens.append(stopped - before)
-        counted = metric_total(gateway_direct_url, "rmgate_client_disconnects_total") \
-            - disconnects
+        counted = metric_total(gateway_direct_url, "rmgate_client_disconnects_total") - disconnects
         if counted >= 1 and tokens[-1] < 4000:
             break
     assert counted >= 1 and tokens[-1] < 4000, (counted, tokens)  # 8,000 when not aborted

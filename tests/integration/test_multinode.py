@@ -37,24 +37,37 @@ def cluster(tmp_path_factory):
 
 def multinode_config(demo_models: Path, where: list[str]) -> dict:
     """configs/test-cpu.yaml's DisRM alone, slot i on node ``where[i]`` (``engine_host``
-    left to ``rmgate serve --address``, which sets ``node``: engines with their secret), the ingress kept on the head (the node that takes HTTP
-    traffic here, and the one not lost), two ingress replicas (same bits as one)."""
+    left to ``rmgate serve --address``, which sets ``node``: engines with their secret), the
+    ingress kept on the head (the node that takes HTTP traffic here, and the one not lost),
+    two ingress replicas (same bits as one)."""
     cfg = yaml.safe_load((REPO / "configs" / "test-cpu.yaml").read_text())
     app = cfg["applications"][0]
     rm = next(m for m in app["args"]["models"] if m["name"] == "rm")
     # slot 0 placed by a custom resource, the others by a node label: both are Ray's own
-    rm.update(model_path=str(demo_models / "disrm"), replicas=len(where),
-              slot_ray_actor_options=[{"resources": {where[0]: 0.01}}] + [
-                  {"label_selector": {NODE_LABEL: n},  # where a restart may go instead:
-                   "fallback_strategy": [{"label_selector": {NODE_LABEL: where[0]}}]}
-                  for n in where[1:]])
+    rm.update(
+        model_path=str(demo_models / "disrm"),
+        replicas=len(where),
+        slot_ray_actor_options=[{"resources": {where[0]: 0.01}}]
+        + [
+            {
+                "label_selector": {NODE_LABEL: n},  # where a restart may go instead:
+                "fallback_strategy": [{"label_selector": {NODE_LABEL: where[0]}}],
+            }
+            for n in where[1:]
+        ],
+    )
     app["args"]["models"] = [rm]
     app["args"].pop("programs", None)  # their components name the judge, not served here
-    app["args"]["gateway"] = {"slot_wait_s": 180, "placement": "class",
-                              "default_reward_model": "rm", "ingress_replicas": 2,
-                              "cache": "off"}  # node loss must reach the engines
-    app["deployments"] = [{"name": "gateway",
-                           "ray_actor_options": {"num_cpus": 0, "resources": {where[0]: 0.01}}}]
+    app["args"]["gateway"] = {
+        "slot_wait_s": 180,
+        "placement": "class",
+        "default_reward_model": "rm",
+        "ingress_replicas": 2,
+        "cache": "off",
+    }  # node loss must reach the engines
+    app["deployments"] = [
+        {"name": "gateway", "ray_actor_options": {"num_cpus": 0, "resources": {where[0]: 0.01}}}
+    ]
     return cfg
 
 
@@ -71,11 +84,13 @@ def cluster_gateway(cluster, demo_models, tmp_path_factory):
 async def _replay(url: str, texts: list[str], concurrency: int = 32) -> dict[str, tuple]:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=600) as c:
+
         async def one(t: str):
             async with sem:
                 r = await c.post(url + "/classify", json={"model": "rm", "input": t})
             assert r.status_code == 200, r.text
             return t, (r.json()["data"][0]["probs"], r.headers["x-rmgate-slot"])
+
         return dict(await asyncio.gather(*(one(t) for t in texts)))
 
 
@@ -83,8 +98,11 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
     url, nodes = cluster_gateway
     assert [p.name.split("-")[1] for p in nodes["nodeA"].engine_logs("rm")] == ["0"]
     assert [p.name.split("-")[1] for p in nodes["nodeB"].engine_logs("rm")] == ["1"]
-    ingresses = [pid for pid in nodes["nodeA"].pids()
-                 if b"ServeReplica:rmgate:gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    ingresses = [
+        pid
+        for pid in nodes["nodeA"].pids()
+        if b"ServeReplica:rmgate:gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert len(ingresses) == 2  # gateway.ingress_replicas: 2, both on the head
     models = httpx.get(url + "/v1/models", timeout=30)
     card = models.json()["data"][0]
@@ -110,10 +128,11 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
 def test_an_engine_port_refuses_a_caller_without_the_secret(cluster_gateway):
     _, nodes = cluster_gateway
     port = nodes["nodeB"].engine_logs("rm")[0].stem.rsplit("-", 1)[1]
-    code = ("import httpx; r = httpx.post('http://127.0.0.1:%s/classify', json={'model': 'rm',"
-            " 'input': 'x'}, timeout=30); print(r.status_code)" % port)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    code = (
+        "import httpx; r = httpx.post('http://127.0.0.1:%s/classify', json={'model': 'rm',"
+        " 'input': 'x'}, timeout=30); print(r.status_code)" % port
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "401", out.stdout + out.stderr
 
 
@@ -129,12 +148,20 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     killed: list[float] = []
 
     async with httpx.AsyncClient(timeout=600) as c:
+
         async def one(t: str) -> None:
             async with sem:
                 r = await c.post(url + "/classify", json={"model": "rm", "input": t})
             assert r.status_code == 200, r.text  # nothing accepted is lost
-            done.append((t, time.monotonic(), r.json()["data"][0]["probs"],
-                         r.headers["x-rmgate-slot"], r.headers.get("x-rmgate-placement", "")))
+            done.append(
+                (
+                    t,
+                    time.monotonic(),
+                    r.json()["data"][0]["probs"],
+                    r.headers["x-rmgate-slot"],
+                    r.headers.get("x-rmgate-placement", ""),
+                )
+            )
 
         async def kill_soon() -> None:
             await asyncio.sleep(2)
@@ -152,8 +179,11 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     def slot1_back_on_the_head() -> dict | None:
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
         where = card["nodes"][1]
-        back = card["health"][1] == "healthy" and where is not None and \
-            where["node_id"] == head["node_id"]
+        back = (
+            card["health"][1] == "healthy"
+            and where is not None
+            and where["node_id"] == head["node_id"]
+        )
         return card if back else None
 
     deadline = time.monotonic() + 240
@@ -164,8 +194,15 @@ async def test_losing_the_worker_node_under_load_loses_and_changes_nothing(clust
     back = time.monotonic() - killed[0]
     again = await _replay(url, TEXTS)
     assert {t: v[0] for t, v in again.items()} == {t: v[0] for t, v in before.items()}
-    print(json.dumps({"first_answer_by_class_mate_after_kill_s": round(moved[0] - killed[0], 2),
-                      "answered_after_kill": len(after), "moved": len(moved),
-                      "slot1_back_on_head_after_s": round(back, 1),
-                      "slots_answering_after": sorted({v[1] for v in again.values()}),
-                      "classes": card["numerics_classes"]}))
+    print(
+        json.dumps(
+            {
+                "first_answer_by_class_mate_after_kill_s": round(moved[0] - killed[0], 2),
+                "answered_after_kill": len(after),
+                "moved": len(moved),
+                "slot1_back_on_head_after_s": round(back, 1),
+                "slots_answering_after": sorted({v[1] for v in again.values()}),
+                "classes": card["numerics_classes"],
+            }
+        )
+    )

@@ -35,8 +35,10 @@ def _long_inputs(seed: int, n: int = 24) -> list[str]:
     """``n`` random printable strings of 300-470 characters (byte-level tokenizer: as many
     tokens), fitting ``max_model_len: 512``; each seed gives inputs no other test sent."""
     rng = random.Random(seed)
-    return ["".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
-            for _ in range(n)]
+    return [
+        "".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
+        for _ in range(n)
+    ]
 
 
 INPUTS = SHORT + _long_inputs(seed=12)
@@ -53,18 +55,21 @@ def plain_vllm(plain_engine):
 
 async def _score_each(client: httpx.AsyncClient, url: str, concurrently: bool) -> list[float]:
     async def one(x: str) -> float:
-        r = await client.post(url + "/classify", json={"model": "rm-large", "input": x,
-                                                       "use_activation": False})
+        r = await client.post(
+            url + "/classify", json={"model": "rm-large", "input": x, "use_activation": False}
+        )
         assert r.status_code == 200, r.text
         return r.json()["data"][0]["probs"][0]
+
     if concurrently:
         return list(await asyncio.gather(*(one(x) for x in INPUTS)))
     return [await one(x) for x in INPUTS]
 
 
 async def _score_list(client: httpx.AsyncClient, url: str) -> list[float]:
-    r = await client.post(url + "/classify", json={"model": "rm-large", "input": INPUTS,
-                                                   "use_activation": False})
+    r = await client.post(
+        url + "/classify", json={"model": "rm-large", "input": INPUTS, "use_activation": False}
+    )
     assert r.status_code == 200, r.text
     return [d["probs"][0] for d in r.json()["data"]]
 
@@ -98,9 +103,25 @@ def _rmgate_check(url: str, requests_file, *extra: str):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "check", url, "--requests",
-                           str(requests_file), "-c", "1", "-c", "64", *extra],
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "check",
+            url,
+            "--requests",
+            str(requests_file),
+            "-c",
+            "1",
+            "-c",
+            "64",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_rmgate_check_verdicts(plain_vllm, gateway, tmp_path):
@@ -109,10 +130,18 @@ def test_rmgate_check_verdicts(plain_vllm, gateway, tmp_path):
 
     gateway_url, _ = gateway
     requests_file = tmp_path / "requests.jsonl"
-    requests_file.write_text("".join(
-        _json.dumps({"path": "/classify", "body": {"model": "rm-large", "input": x,
-                                                   "use_activation": False}}) + "\n"
-        for x in CHECK_INPUTS))
+    requests_file.write_text(
+        "".join(
+            _json.dumps(
+                {
+                    "path": "/classify",
+                    "body": {"model": "rm-large", "input": x, "use_activation": False},
+                }
+            )
+            + "\n"
+            for x in CHECK_INPUTS
+        )
+    )
     good = _rmgate_check(gateway_url, requests_file)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "IDENTICAL" in good.stdout

@@ -22,13 +22,15 @@ def _rss(metrics_text: str) -> float:
 async def test_overload_sheds_load_without_losing_or_mixing_answers(gateway):
     url, _ = gateway
     inputs = [f"{i % 10}+{i % 7}={i % 13} #{i}" for i in range(N)]
-    async with httpx.AsyncClient(base_url=url, timeout=600,
-                                 limits=httpx.Limits(max_connections=N + 10)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=600, limits=httpx.Limits(max_connections=N + 10)
+    ) as client:
         rss_before = _rss((await client.get("/metrics")).text)
 
         async def one(text: str) -> httpx.Response:
-            return await client.post("/classify", json={"model": "rm-large", "input": text,
-                                                        "use_activation": False})
+            return await client.post(
+                "/classify", json={"model": "rm-large", "input": text, "use_activation": False}
+            )
 
         storm = await asyncio.gather(*(one(x) for x in inputs))
         statuses = [r.status_code for r in storm]
@@ -38,8 +40,11 @@ async def test_overload_sheds_load_without_losing_or_mixing_answers(gateway):
         assert shed, "10x the queue at once should shed some load"
         assert len(accepted) >= QUEUE
         for i in shed:
-            assert storm[i].headers["retry-after"] and storm[i].headers["content-type"] == \
-                "application/json" and storm[i].json()["error"]["code"] == "queue_full"
+            assert (
+                storm[i].headers["retry-after"]
+                and storm[i].headers["content-type"] == "application/json"
+                and storm[i].json()["error"]["code"] == "queue_full"
+            )
         # Every accepted answer is its own request's: replay a sample one at a time.
         for i in accepted[:: max(1, len(accepted) // 40)]:
             alone = await one(inputs[i])

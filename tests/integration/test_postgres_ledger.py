@@ -37,9 +37,14 @@ def wait_for_rows(store: PostgresLedger, since: float, n: int, timeout_s: float 
 
 
 def rmgate_ledger(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "ledger", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_receipts_name_recorded_rows(gateway, ledger_postgres):
@@ -70,17 +75,27 @@ def test_hits_from_postgresql_are_the_engines_answers_bit_for_bit(gateway, ledge
     the engines (and recorded), then sent again asking for the cache: every one a hit,
     byte for byte the first answer, read from PostgreSQL."""
     url, _ = gateway
-    calls = [("/v1/chat/completions", {"model": "judge", "max_tokens": 6, "messages": [
-        {"role": "user", "content": f"pg {i}: is {i}*2={2 * i + i % 2}?"}]}) for i in range(100)]
-    calls += [("/classify", {"model": "rm", "input": f"pg {i}: {i}*3={3 * i}"})
-              for i in range(100)]
+    calls = [
+        (
+            "/v1/chat/completions",
+            {
+                "model": "judge",
+                "max_tokens": 6,
+                "messages": [{"role": "user", "content": f"pg {i}: is {i}*2={2 * i + i % 2}?"}],
+            },
+        )
+        for i in range(100)
+    ]
+    calls += [("/classify", {"model": "rm", "input": f"pg {i}: {i}*3={3 * i}"}) for i in range(100)]
 
     async def send(headers=None) -> list[httpx.Response]:
         sem = asyncio.Semaphore(16)
         async with httpx.AsyncClient(timeout=600, base_url=url) as client:
+
             async def one(path, body):
                 async with sem:
                     return await client.post(path, json=body, headers=headers)
+
             return list(await asyncio.gather(*(one(p, b) for p, b in calls)))
 
     fresh = asyncio.run(send())
@@ -109,9 +124,11 @@ def test_a_database_down_under_load_fails_no_request(gateway, ledger_postgres):
 
     async def send() -> list[int]:
         async with httpx.AsyncClient(timeout=120) as client:
+
             async def one(i: int) -> int:
                 await asyncio.sleep(i * 0.05)  # spread over ~3 s
                 return (await client.post(url + "/classify", json=bodies[i])).status_code
+
             return await asyncio.gather(*(one(i) for i in range(len(bodies))))
 
     async def outage() -> None:
@@ -137,12 +154,14 @@ def test_a_database_down_under_load_fails_no_request(gateway, ledger_postgres):
 
 def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
 
 
-def test_a_full_buffer_with_the_database_down_answers_and_counts_the_loss(gateway,
-                                                                           ledger_postgres):
+def test_a_full_buffer_with_the_database_down_answers_and_counts_the_loss(gateway, ledger_postgres):
     """``max_buffered: 200`` (configs/test-cpu.yaml): 300 answers with the server down are
     all answered; the rows past the bound are dropped and counted, the rest written when
     the server is back."""
@@ -151,14 +170,22 @@ def test_a_full_buffer_with_the_database_down_answers_and_counts_the_loss(gatewa
     since = time.time()
     ledger_postgres.stop()
     try:
+
         async def send() -> list[int]:
             sem = asyncio.Semaphore(16)
             async with httpx.AsyncClient(timeout=120) as client:
+
                 async def one(i: int) -> int:
                     async with sem:
-                        return (await client.post(url + "/classify", json={
-                            "model": "rm", "input": f"nobody records {i}"})).status_code
+                        return (
+                            await client.post(
+                                url + "/classify",
+                                json={"model": "rm", "input": f"nobody records {i}"},
+                            )
+                        ).status_code
+
                 return await asyncio.gather(*(one(i) for i in range(300)))
+
         assert asyncio.run(send()) == [200] * 300
         lost = metric(url, "rmgate_ledger_rows_dropped_total") - dropped
         assert lost >= 100, lost
@@ -179,40 +206,56 @@ def plain_vllm(plain_engine):
 
 
 def test_replay_finds_no_change_on_the_same_deployment_and_changes_without_the_policy(
-        gateway, ledger_postgres, plain_vllm):
+    gateway, ledger_postgres, plain_vllm
+):
     """Record the wide DisRM's answers through rmgate, replay them to rmgate (identical,
     exit 0) and to plain vLLM under concurrency (batch and prefix-cache variance: changed,
     exit 1; tests/integration/test_negative_control.py says which shows on which CPU)."""
     import random
+
     url, _ = gateway
     since = time.time()
     rng = random.Random(28)
     inputs = [chr(c) for c in range(33, 97, 2)] + [
         "".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
-        for _ in range(16)]
+        for _ in range(16)
+    ]
     for x in inputs:
         # truncate_prompt_tokens -1 (to the context: no input here is longer) makes these
         # requests of their own: the negative control, earlier, recorded the one-token
         # inputs' plain bodies, and a ledger keeps an identity's first row (and its time)
-        r = httpx.post(url + "/classify", json={"model": "rm-large", "input": x,
-                                                "use_activation": False,
-                                                "truncate_prompt_tokens": -1}, timeout=120)
+        r = httpx.post(
+            url + "/classify",
+            json={
+                "model": "rm-large",
+                "input": x,
+                "use_activation": False,
+                "truncate_prompt_tokens": -1,
+            },
+            timeout=120,
+        )
         assert r.status_code == 200, r.text
     store = PostgresLedger(ledger_postgres.dsn)
     try:
         assert wait_for_rows(store, since, len(inputs)) >= len(inputs)
     finally:
         store.close()
-    common = ["--db", ledger_postgres.dsn, "--model", "rm-large", "--since", str(since),
-              "-c", "16"]
+    common = ["--db", ledger_postgres.dsn, "--model", "rm-large", "--since", str(since), "-c", "16"]
     same = rmgate_ledger("replay", url, *common)
     assert same.returncode == 0, same.stdout + same.stderr
     assert f"{len(inputs)} identical, 0 changed, 0 failed" in same.stdout, same.stdout
     # plain vLLM: the first pass batches (AVX-512: batch variance), the second also reads
     # its own prefix cache (AVX2: prefix-cache variance); one of them must show changes
-    runs = [rmgate_ledger("replay", plain_vllm, *common, "--plot",
-                          str(Path(os.environ.get("TMPDIR", "/tmp")) / "replay.png"))
-            for _ in range(2)]
+    runs = [
+        rmgate_ledger(
+            "replay",
+            plain_vllm,
+            *common,
+            "--plot",
+            str(Path(os.environ.get("TMPDIR", "/tmp")) / "replay.png"),
+        )
+        for _ in range(2)
+    ]
     changed = [r for r in runs if r.returncode == 1]
     assert changed, [r.stdout + r.stderr for r in runs]
     assert "changed" in changed[0].stdout and "max |diff|" in changed[0].stdout

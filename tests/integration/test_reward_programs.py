@@ -43,18 +43,28 @@ def sums(n: int, seed: int) -> list[dict]:
 
 
 def post(url: str, path: str, body: dict, **headers: str) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=300,
-                      headers={"x-rmgate-cache": "off", **headers})
+    return httpx.post(
+        url + path, json=body, timeout=300, headers={"x-rmgate-cache": "off", **headers}
+    )
 
 
 def label_read(url: str, item: dict, token_ids: list[int]) -> dict[int, float]:
     """The judge's label log-probabilities for ``item``, from the chat request a client
     would send itself."""
-    body = {"model": "judge", "max_tokens": 1, "temperature": 0, "logprobs": True,
-            "logprob_token_ids": token_ids, "return_tokens_as_token_ids": True,
-            "continue_final_message": True, "add_generation_prompt": False,
-            "messages": [{"role": "user", "content": TEMPLATE.format(**item)},
-                         {"role": "assistant", "content": "Score: "}]}
+    body = {
+        "model": "judge",
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "logprob_token_ids": token_ids,
+        "return_tokens_as_token_ids": True,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "messages": [
+            {"role": "user", "content": TEMPLATE.format(**item)},
+            {"role": "assistant", "content": "Score: "},
+        ],
+    }
     r = post(url, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     pos = r.json()["choices"][0]["logprobs"]["content"][0]
@@ -85,13 +95,15 @@ def test_logprob_judges_equal_the_hand_computation(gateway):
         p1, p0 = math.exp(lp[yes_ids[0]]), math.exp(lp[no_ids[0]])
         assert 0.0 <= yes["rewards"][i] <= 1.0
         assert yes["rewards"][i] == pytest.approx(p1 / (p1 + p0), rel=1e-12, abs=0)
-        assert yes["details"][i]["components"][0]["label_logprobs"] == \
-            {str(t): lp[t] for t in yes_ids + no_ids}  # the engine's bits, as sent
+        assert yes["details"][i]["components"][0]["label_logprobs"] == {
+            str(t): lp[t] for t in yes_ids + no_ids
+        }  # the engine's bits, as sent
         lr = label_read(url, item, rating_ids)
         ps = [math.exp(lr[t]) for t in rating_ids]
         assert 0.0 <= rating["rewards"][i] <= 9.0
         assert rating["rewards"][i] == pytest.approx(
-            sum(p * d for p, d in zip(ps, range(10))) / sum(ps), rel=1e-12, abs=0)
+            sum(p * d for p, d in zip(ps, range(10))) / sum(ps), rel=1e-12, abs=0
+        )
 
 
 @pytest.mark.parametrize("program", ["judge_yes", "judge_yes_prompt", "judge_rating", "math"])
@@ -102,8 +114,9 @@ async def test_rewards_are_bitwise_equal_across_shuffled_replays(gateway, progra
     assert all(r.status == 200 for r in first.values()), first[0].essence
     for concurrency, seed in ((1, 3), (32, 4)):
         again = await replay(url, calls, shuffled(len(calls), seed), concurrency)
-        assert [again[i].essence for i in range(len(calls))] == \
-            [first[i].essence for i in range(len(calls))]
+        assert [again[i].essence for i in range(len(calls))] == [
+            first[i].essence for i in range(len(calls))
+        ]
 
 
 def test_a_program_scores_each_component_and_records_its_engine_calls(gateway):
@@ -132,14 +145,18 @@ def test_a_program_scores_each_component_and_records_its_engine_calls(gateway):
 
 def test_a_hanging_rule_is_cut_off_under_each_on_failure(gateway):
     url, _ = gateway
-    items = [{"prompt": "2+2=", "response": "4", "label": "4"},
-             {"prompt": "say a", "response": HANG, "label": "a"}]
+    items = [
+        {"prompt": "2+2=", "response": "4", "label": "4"},
+        {"prompt": "say a", "response": HANG, "label": "a"},
+    ]
     start = time.monotonic()
     strict = post(url, "/v1/rewards", {"model": "math_strict", "items": items})
     assert strict.status_code == 422, strict.text
     err = strict.json()["error"]
     assert err["code"] == "reward_component_failed"
-    assert "item 1" in err["message"] and "'shape'" in err["message"] and "timeout" in err["message"]
+    assert (
+        "item 1" in err["message"] and "'shape'" in err["message"] and "timeout" in err["message"]
+    )
     assert time.monotonic() - start < 60
 
     skip = post(url, "/v1/rewards", {"model": "math_skip", "items": items}).json()
@@ -153,12 +170,16 @@ def test_a_hanging_rule_is_cut_off_under_each_on_failure(gateway):
     assert default["rewards"][1] == -1.0 and default["details"][1]["default_used"] is True
     assert default["rewards"][0] == skip["rewards"][0]  # the same components, bitwise
     after = httpx.get(url + "/metrics", timeout=30).text
-    assert _metric(after, 'rmgate_reward_defaults_total{program="math_default"}') == \
-        _metric(before, 'rmgate_reward_defaults_total{program="math_default"}') + 1
+    assert (
+        _metric(after, 'rmgate_reward_defaults_total{program="math_default"}')
+        == _metric(before, 'rmgate_reward_defaults_total{program="math_default"}') + 1
+    )
 
-    logs = post(url, "/get_reward", {"query": ["2+2=4", "say a" + HANG],
-                                     "prompts": ["2+2=", "say a"],
-                                     "labels": ["4", "a"]}).json()["extra_logs"]
+    logs = post(
+        url,
+        "/get_reward",
+        {"query": ["2+2=4", "say a" + HANG], "prompts": ["2+2=", "say a"], "labels": ["4", "a"]},
+    ).json()["extra_logs"]
     assert set(logs) == {"parsed"}  # /get_reward's default is the DisRM here
 
 
@@ -180,16 +201,23 @@ def test_trainer_functions_score_a_program_as_v1_rewards(gateway):
     want = post(url, "/v1/rewards", {"model": "math", "items": items}).json()
     trl_reward = reward_function(url, "math", label_key="answer")
     try:
-        got = trl_reward(prompts=[i["prompt"] for i in items],
-                         completions=[[{"role": "assistant", "content": i["response"]}]
-                                      for i in items],
-                         answer=[i["label"] for i in items], trainer_state=None)
+        got = trl_reward(
+            prompts=[i["prompt"] for i in items],
+            completions=[[{"role": "assistant", "content": i["response"]}] for i in items],
+            answer=[i["label"] for i in items],
+            trainer_state=None,
+        )
     finally:
         trl_reward.client.close()
     assert trl_reward.__name__ == "math" and got == want["rewards"]
-    verl = compute_score("sums", items[0]["response"], items[0]["label"],
-                         {"prompt": items[0]["prompt"]},
-                         reward_router_address=url.removeprefix("http://"), model="math")
+    verl = compute_score(
+        "sums",
+        items[0]["response"],
+        items[0]["label"],
+        {"prompt": items[0]["prompt"]},
+        reward_router_address=url.removeprefix("http://"),
+        model="math",
+    )
     comps = {c["name"]: c for c in want["details"][0]["components"]}
     assert verl["score"] == want["rewards"][0]
     assert verl["rmgate_correct"] == comps["correct"]["transformed"]

@@ -14,15 +14,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
 import yaml
 
-from gateway.harness.running import dashboard_address, metric_total
 from gateway.core.routing.hashing import slot_for_key
+from gateway.harness.running import dashboard_address, metric_total
 from tests.integration.conftest import REPO, TEST_CONFIG
 
 pytestmark = pytest.mark.integration
@@ -36,19 +36,27 @@ def dashboard() -> str:
 
 
 def engine_logs(prefix: str) -> list[str]:
-    return sorted(p.name for p in (Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines").glob(f"{prefix}-*.log"))
+    return sorted(
+        p.name
+        for p in (Path(os.environ["RMGATE_TEST_LOG_ROOT"]) / "engines").glob(f"{prefix}-*.log")
+    )
 
 
 async def classify_all(url: str, texts: list[str]) -> dict[str, tuple[int, int, list[float]]]:
     """text -> (key, slot, probs), at concurrency 16."""
     sem = asyncio.Semaphore(16)
     async with httpx.AsyncClient(timeout=600) as client:
+
         async def one(text: str):
             async with sem:
                 r = await client.post(url + "/classify", json={"model": "rm", "input": text})
             assert r.status_code == 200, r.text
-            return text, (int(r.headers["x-rmgate-key"], 16), int(r.headers["x-rmgate-slot"]),
-                          r.json()["data"][0]["probs"])
+            return text, (
+                int(r.headers["x-rmgate-key"], 16),
+                int(r.headers["x-rmgate-slot"]),
+                r.json()["data"][0]["probs"],
+            )
+
         return dict(await asyncio.gather(*(one(t) for t in texts)))
 
 
@@ -74,8 +82,9 @@ class Load(threading.Thread):
                 text = TEXTS[i % len(TEXTS)]
                 r = await client.post(self.url + "/classify", json={"model": "rm", "input": text})
                 if r.status_code == 200:
-                    self.answers.append((text, int(r.headers["x-rmgate-slot"]),
-                                         r.json()["data"][0]["probs"]))
+                    self.answers.append(
+                        (text, int(r.headers["x-rmgate-slot"]), r.json()["data"][0]["probs"])
+                    )
                 else:
                     self.errors.append((r.status_code, r.text[:300]))
                 i += 2 * WORKERS
@@ -89,19 +98,30 @@ class Load(threading.Thread):
 
 
 def serve_status(address: str) -> str:
-    return subprocess.run([str(BIN / "serve"), "status", "--address", address],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_AUTH_MODE": "token"}).stdout
+    return subprocess.run(
+        [str(BIN / "serve"), "status", "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    ).stdout
 
 
-def run_under_load(url: str, cmd: list[str], timeout_s: float,
-                   until: Callable[[], bool] = lambda: True) -> tuple[Load, str]:
+def run_under_load(
+    url: str, cmd: list[str], timeout_s: float, until: Callable[[], bool] = lambda: True
+) -> tuple[Load, str]:
     """Run ``cmd`` while the load runs, then keep the load on until ``until()`` holds."""
     load = Load(url)
     load.start()
     try:
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "RAY_AUTH_MODE": "token"})
+        out = subprocess.run(
+            cmd,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "RAY_AUTH_MODE": "token"},
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         deadline = time.monotonic() + timeout_s
         while not until():
@@ -128,8 +148,9 @@ async def test_scale_rm_2_3_2_under_load(gateway, gateway_direct_url, tmp_path):
     scaled_up = False
     try:
         # 2 -> 3 with the convenience command, while 4 clients keep sending
-        load, out = run_under_load(url, [str(BIN / "rmgate"), "scale", "rm", "3", "--address",
-                                         address], 1200)
+        load, out = run_under_load(
+            url, [str(BIN / "rmgate"), "scale", "rm", "3", "--address", address], 1200
+        )
         scaled_up = True
         assert "rm: 2 -> 3 slots" in out
         assert not load.errors, load.errors[:5]
@@ -141,21 +162,39 @@ async def test_scale_rm_2_3_2_under_load(gateway, gateway_direct_url, tmp_path):
         assert all(up[t][1] == slot_for_key(up[t][0], 3) for t in TEXTS)
         assert 0 < len(moved) / len(TEXTS) <= 1 / 3 + 0.01, len(moved)
         assert all(up[t][2] == base[t][2] for t in TEXTS), "results changed after scaling"
-        print(f"2->3: {len(moved)}/{len(TEXTS)} keys moved, {len(load.answers)} requests "
-              f"answered during the scale-up, 0 errors")
+        print(
+            f"2->3: {len(moved)}/{len(TEXTS)} keys moved, {len(load.answers)} requests "
+            f"answered during the scale-up, 0 errors"
+        )
 
         # 3 -> 2 by re-applying the config (replicas: 2) with Serve's own `serve deploy`
         rendered = tmp_path / "serve.yaml"
         port = int(url.rsplit(":", 1)[1])
         # as the session gateway was started: its port and its direct port (another
         # ingress argument would redeploy the ingress)
-        subprocess.run([str(BIN / "rmgate"), "render", str(TEST_CONFIG), "--port", str(port),
-                        "--direct-port", gateway_direct_url.rsplit(":", 1)[1],
-                        "-o", str(rendered)], cwd=REPO, check=True, timeout=120)
+        subprocess.run(
+            [
+                str(BIN / "rmgate"),
+                "render",
+                str(TEST_CONFIG),
+                "--port",
+                str(port),
+                "--direct-port",
+                gateway_direct_url.rsplit(":", 1)[1],
+                "-o",
+                str(rendered),
+            ],
+            cwd=REPO,
+            check=True,
+            timeout=120,
+        )
         assert yaml.safe_load(rendered.read_text())["applications"][0]["name"] == "rmgate"
         load, _ = run_under_load(
-            url, [str(BIN / "serve"), "deploy", str(rendered), "--address", address], 300,
-            until=lambda: slots_of(url, "rm") == 2 and "rm-2" not in serve_status(address))
+            url,
+            [str(BIN / "serve"), "deploy", str(rendered), "--address", address],
+            300,
+            until=lambda: slots_of(url, "rm") == 2 and "rm-2" not in serve_status(address),
+        )
         scaled_up = False
         assert not load.errors, load.errors[:5]
         assert all(base[t][2] == probs for t, _, probs in load.answers)
@@ -167,5 +206,9 @@ async def test_scale_rm_2_3_2_under_load(gateway, gateway_direct_url, tmp_path):
         assert metric_total(url, "rmgate_requests_total") > requests_before
     finally:
         if scaled_up or slots_of(url, "rm") != 2:  # leave the session gateway as we found it
-            subprocess.run([str(BIN / "rmgate"), "scale", "rm", "2", "--address", address],
-                           cwd=REPO, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "token"})
+            subprocess.run(
+                [str(BIN / "rmgate"), "scale", "rm", "2", "--address", address],
+                cwd=REPO,
+                timeout=600,
+                env={**os.environ, "RAY_AUTH_MODE": "token"},
+            )

@@ -51,8 +51,13 @@ DRIVER_TIMEOUT_S = 600
 def trainer_env(name: str) -> str:
     """The trainer env's python (verl) or package folder (openrlhf), built once and cached
     under .venv-trainers/ by the script a user would run too."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "trainer_env.sh"), name], cwd=REPO,
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "trainer_env.sh"), name],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, f"trainer_env.sh {name} failed:\n{out.stderr[-5000:]}"
     return out.stdout.strip().splitlines()[-1]
 
@@ -70,10 +75,15 @@ def openrlhf_pkgs() -> str:
 def run_driver(python: str, driver: str, job: dict[str, Any]) -> dict[str, Any]:
     """Run one driver on ``job``; its stdout is exactly one JSON answer (the drivers send
     everything else, trainer logging included, to stderr)."""
-    out = subprocess.run([python, str(HERE / driver)], input=json.dumps(job), text=True,
-                         capture_output=True, cwd=REPO, timeout=DRIVER_TIMEOUT_S,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1",
-                              "TOKENIZERS_PARALLELISM": "false"})
+    out = subprocess.run(
+        [python, str(HERE / driver)],
+        input=json.dumps(job),
+        text=True,
+        capture_output=True,
+        cwd=REPO,
+        timeout=DRIVER_TIMEOUT_S,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
     assert out.returncode == 0, f"{driver} exited {out.returncode}:\n{out.stderr[-6000:]}"
     return json.loads(out.stdout)
 
@@ -96,9 +106,15 @@ def shuffled(items: list[Any], seed: int) -> list[Any]:
 def verl_samples(n: int, seed: int) -> list[dict[str, Any]]:
     """Demo-task rollouts as verl sees them: a chat prompt, the policy's response, the
     ground truth, and the question in ``extra_info`` (where verl's GenRM example reads it)."""
-    return [{"messages": [{"role": "user", "content": it["prompt"]}], "response": it["response"],
-             "ground_truth": it["label"], "question": it["prompt"]}
-            for it in sum_items(n, seed=seed)]
+    return [
+        {
+            "messages": [{"role": "user", "content": it["prompt"]}],
+            "response": it["response"],
+            "ground_truth": it["label"],
+            "question": it["prompt"],
+        }
+        for it in sum_items(n, seed=seed)
+    ]
 
 
 def v1_rewards(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +131,9 @@ def judge_scorer() -> dict[str, Any]:
     return next(m for m in models if m["name"] == "judge")["scorer"]
 
 
-def verl_runs(python: str, job: dict[str, Any], samples: list[dict[str, Any]]
-              ) -> tuple[list[Any], list[Any]]:
+def verl_runs(
+    python: str, job: dict[str, Any], samples: list[dict[str, Any]]
+) -> tuple[list[Any], list[Any]]:
     """verl's rewards (and extra info) for ``samples``, from two runs (two processes) with
     the samples in two different orders, mapped back to the order of ``samples``."""
     results = []
@@ -132,16 +149,27 @@ def verl_runs(python: str, job: dict[str, Any], samples: list[dict[str, Any]]
 
 # ---- verl ------------------------------------------------------------------------------
 
+
 def test_verl_disrm_classify_path_is_order_independent_and_equals_v1_rewards(
-        gateway, demo_models, verl_python):
+    gateway, demo_models, verl_python
+):
     url, _ = gateway
     samples = verl_samples(48, seed=3)
-    job = {"address": address(url), "mode": "vllm", "rm_path": str(demo_models / "disrm"),
-           "policy_path": str(demo_models / "grm")}
+    job = {
+        "address": address(url),
+        "mode": "vllm",
+        "rm_path": str(demo_models / "disrm"),
+        "policy_path": str(demo_models / "grm"),
+    }
     rewards, _ = verl_runs(verl_python, job, samples)
     assert all(isinstance(r, float) for r in rewards) and len(set(rewards)) > 1
-    ours = v1_rewards(url, {"model": "rm", "items": [
-        {"messages": s["messages"], "response": s["response"]} for s in samples]})
+    ours = v1_rewards(
+        url,
+        {
+            "model": "rm",
+            "items": [{"messages": s["messages"], "response": s["response"]} for s in samples],
+        },
+    )
     assert rewards == ours["rewards"]
 
 
@@ -151,13 +179,24 @@ def test_verl_genrm_via_reward_manager_equals_v1_rewards(gateway, demo_models, v
     scorer = judge_scorer()
     # model left out: compute_score_judge sends the reward model's path, as verl's DisRM
     # path does, and rmgate resolves it to `judge`.
-    job = {"address": address(url), "mode": "judge", "rm_path": str(demo_models / "grm"),
-           "policy_path": str(demo_models / "grm"),
-           "judge_kwargs": {"template": scorer["template"], "default": scorer["default"]}}
+    job = {
+        "address": address(url),
+        "mode": "judge",
+        "rm_path": str(demo_models / "grm"),
+        "policy_path": str(demo_models / "grm"),
+        "judge_kwargs": {"template": scorer["template"], "default": scorer["default"]},
+    }
     rewards, extra = verl_runs(verl_python, job, samples)
-    ours = v1_rewards(url, {"model": "judge", "items": [
-        {"prompt": s["question"], "response": s["response"], "label": s["ground_truth"]}
-        for s in samples]})
+    ours = v1_rewards(
+        url,
+        {
+            "model": "judge",
+            "items": [
+                {"prompt": s["question"], "response": s["response"], "label": s["ground_truth"]}
+                for s in samples
+            ],
+        },
+    )
     assert [e["judge_text"] for e in extra] == [d["judge_text"] for d in ours["details"]]
     assert rewards == ours["rewards"]
     assert [bool(e["judge_parsed"]) for e in extra] == [d["parsed"] for d in ours["details"]]
@@ -169,19 +208,29 @@ def test_verl_sglang_embeddings_path_equals_classify(gateway, demo_models, verl_
     ``/v1/embeddings`` route at all (404 ``not_found``); once it has one, any other answer
     verl cannot use fails the test."""
     url, _ = gateway
-    probe = httpx.post(url + "/v1/embeddings", json={"model": "rm", "input": "1+1=2"},
-                       timeout=120)
+    probe = httpx.post(url + "/v1/embeddings", json={"model": "rm", "input": "1+1=2"}, timeout=120)
     if probe.status_code == 404 and probe.json().get("error", {}).get("code") == "not_found":
         pytest.xfail("rmgate does not serve /v1/embeddings yet (issue 14): " + probe.text[:200])
     samples = verl_samples(8, seed=13)
-    out = run_driver(verl_python, "trainer_verl_driver.py", {
-        "address": address(url), "mode": "sglang", "rm_path": str(demo_models / "disrm"),
-        "policy_path": str(demo_models / "grm"), "samples": samples})
+    out = run_driver(
+        verl_python,
+        "trainer_verl_driver.py",
+        {
+            "address": address(url),
+            "mode": "sglang",
+            "rm_path": str(demo_models / "disrm"),
+            "policy_path": str(demo_models / "grm"),
+            "samples": samples,
+        },
+    )
     classify = []
     for s in samples:  # verl's text: the RM's chat template (the demo's has no BOS to strip)
         text = chat_text(s["messages"] + [{"role": "assistant", "content": s["response"]}])
-        r = httpx.post(url + "/classify", timeout=120, json={
-            "model": "rm", "input": text, "use_activation": False})
+        r = httpx.post(
+            url + "/classify",
+            timeout=120,
+            json={"model": "rm", "input": text, "use_activation": False},
+        )
         assert r.status_code == 200, r.text
         classify.append(r.json()["data"][-1]["probs"][-1])
     assert out["rewards"] == classify
@@ -189,21 +238,30 @@ def test_verl_sglang_embeddings_path_equals_classify(gateway, demo_models, verl_
 
 # ---- OpenRLHF --------------------------------------------------------------------------
 
+
 def openrlhf_batch(n: int, seed: int) -> list[dict[str, Any]]:
     """Demo-task rollouts as OpenRLHF sends them: ``query`` is the decoded prompt +
     response tokens (chat template included), ``prompt`` the templated prompt."""
     out = []
     for it in sum_items(n, seed=seed):
         user = [{"role": "user", "content": it["prompt"]}]
-        out.append({"query": chat_text(user + [{"role": "assistant", "content": it["response"]}]),
-                    "prompt": chat_text(user, add_generation_prompt=True),
-                    "label": it["label"], "item": it})
+        out.append(
+            {
+                "query": chat_text(user + [{"role": "assistant", "content": it["response"]}]),
+                "prompt": chat_text(user, add_generation_prompt=True),
+                "label": it["label"],
+                "item": it,
+            }
+        )
     return out
 
 
 def call(rows: list[dict[str, Any]], labels: list[Any] | None = None) -> dict[str, Any]:
-    return {"queries": [r["query"] for r in rows], "prompts": [r["prompt"] for r in rows],
-            "labels": labels if labels is not None else [r["label"] for r in rows]}
+    return {
+        "queries": [r["query"] for r in rows],
+        "prompts": [r["prompt"] for r in rows],
+        "labels": labels if labels is not None else [r["label"] for r in rows],
+    }
 
 
 def flat_rewards(answer: dict[str, Any], sizes: list[int]) -> list[float]:
@@ -218,8 +276,9 @@ def flat_rewards(answer: dict[str, Any], sizes: list[int]) -> list[float]:
     return [r for s in shards for r in s["rewards"]]
 
 
-def run_openrlhf(pkgs: str, urls: list[str], calls: list[dict[str, Any]],
-                 execute: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_openrlhf(
+    pkgs: str, urls: list[str], calls: list[dict[str, Any]], execute: dict[str, Any] | None = None
+) -> dict[str, Any]:
     job: dict[str, Any] = {"pkgs": pkgs, "urls": urls, "calls": calls}
     if execute:
         job["execute"] = execute
@@ -241,8 +300,9 @@ def test_openrlhf_remote_reward_same_across_runs_shapes_and_urls(gateway, openrl
 
     # run 2: two URLs; 64 concurrent batches of 1 (OpenRLHF rotates them over the URLs),
     # the 64 shuffled in two shards of 32, and an empty batch
-    second = run_openrlhf(openrlhf_pkgs, [one, other],
-                          [call([r]) for r in order_b] + [call(order_b), call([])])
+    second = run_openrlhf(
+        openrlhf_pkgs, [one, other], [call([r]) for r in order_b] + [call(order_b), call([])]
+    )
     singles = [flat_rewards(a, [1])[0] for a in second["calls"][:64]]
     assert singles == [by_query[r["query"]] for r in order_b]
     assert flat_rewards(second["calls"][64], [32, 32]) == singles
@@ -256,8 +316,15 @@ def test_openrlhf_remote_reward_same_across_runs_shapes_and_urls(gateway, openrl
     assert flat_rewards(third["calls"][1], [1, 1]) == reference[:2]
 
     # and the same numbers as rmgate's own /v1/rewards for those conversations
-    ours = v1_rewards(url, {"model": "rm", "items": [
-        {"prompt": r["item"]["prompt"], "response": r["item"]["response"]} for r in rows]})
+    ours = v1_rewards(
+        url,
+        {
+            "model": "rm",
+            "items": [
+                {"prompt": r["item"]["prompt"], "response": r["item"]["response"]} for r in rows
+            ],
+        },
+    )
     assert reference == ours["rewards"]
 
 
@@ -269,10 +336,16 @@ def test_openrlhf_single_turn_executor_keeps_rmgate_reward(gateway, openrlhf_pkg
 
     url, _ = gateway
     rows = openrlhf_batch(8, seed=21)
-    items = [{"prompt": r["prompt"], "response": r["query"][len(r["prompt"]):],
-              "label": r["label"]} for r in rows]
-    out = run_openrlhf(openrlhf_pkgs, [f"{url}/get_reward"], [call(rows)],
-                       execute={"tokenizer": str(demo_models / "disrm"), "items": items})
+    items = [
+        {"prompt": r["prompt"], "response": r["query"][len(r["prompt"]) :], "label": r["label"]}
+        for r in rows
+    ]
+    out = run_openrlhf(
+        openrlhf_pkgs,
+        [f"{url}/get_reward"],
+        [call(rows)],
+        execute={"tokenizer": str(demo_models / "disrm"), "items": items},
+    )
     expected = flat_rewards(out["calls"][0], [8])
     for row, got, want in zip(rows, out["execute"], expected):
         assert got["ok"], got
@@ -289,15 +362,30 @@ def test_openrlhf_labels_of_any_json_type_are_accepted(gateway, openrlhf_pkgs):
     url, _ = gateway
     row = openrlhf_batch(1, seed=31)[0]
     labels = [[7, "7"], {"answer": 7, "steps": ["3+4"]}, 7, 7.5, True, False, None, "7", []]
-    out = run_openrlhf(openrlhf_pkgs, [f"{url}/get_reward"],
-                       [call([row], [label]) for label in labels])
-    failed = {json.dumps(lab): a.get("error") for lab, a in zip(labels, out["calls"])
-              if not a["ok"]}
+    out = run_openrlhf(
+        openrlhf_pkgs, [f"{url}/get_reward"], [call([row], [label]) for label in labels]
+    )
+    failed = {
+        json.dumps(lab): a.get("error") for lab, a in zip(labels, out["calls"]) if not a["ok"]
+    }
     if failed:
-        direct = {lab: httpx.post(f"{url}/get_reward", timeout=60, json={
-            "query": [row["query"]], "prompts": [row["prompt"]], "labels": [json.loads(lab)]})
-            for lab in failed}
-        pytest.fail("rmgate refused OpenRLHF labels: " + "; ".join(
-            f"{lab} -> HTTP {r.status_code} {r.text[:200]}" for lab, r in direct.items()))
+        direct = {
+            lab: httpx.post(
+                f"{url}/get_reward",
+                timeout=60,
+                json={
+                    "query": [row["query"]],
+                    "prompts": [row["prompt"]],
+                    "labels": [json.loads(lab)],
+                },
+            )
+            for lab in failed
+        }
+        pytest.fail(
+            "rmgate refused OpenRLHF labels: "
+            + "; ".join(
+                f"{lab} -> HTTP {r.status_code} {r.text[:200]}" for lab, r in direct.items()
+            )
+        )
     rewards = [flat_rewards(a, [1])[0] for a in out["calls"]]
     assert len(set(rewards)) == 1  # the DisRM scores the query; the label changes nothing

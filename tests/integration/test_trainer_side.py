@@ -39,7 +39,9 @@ def test_disrm_ranks_right_above_wrong_through_the_gateway(gateway):
     url, _ = gateway
     _, held_out = sums_split()
     client = RewardClient(url, model="rm", concurrency=16)
-    right = client.score([{"prompt": f"{s.a}+{s.b}=", "response": str(s.a + s.b)} for s in held_out])
+    right = client.score(
+        [{"prompt": f"{s.a}+{s.b}=", "response": str(s.a + s.b)} for s in held_out]
+    )
     wrong = client.score([{"prompt": f"{s.a}+{s.b}=", "response": str(s.c)} for s in held_out])
     wins = sum(r > w for r, w in zip(right, wrong))
     assert wins >= 0.9 * len(held_out), f"{wins}/{len(held_out)}"
@@ -54,19 +56,27 @@ def test_grm_judge_answers_in_its_parser_format(gateway):
     assert set(parsed) <= {0.0, 1.0}
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/classify", {"model": "rm", "input": "3+4=7 ✓", "use_activation": False}),
-    ("/v1/chat/completions", {"model": "judge", "messages": [{"role": "user",
-                                                               "content": "Is 3+4=7 right? ü"}]}),
-    ("/v1/rewards", {"model": "rm", "items": [{"prompt": "3+4=", "response": "7 ü"}]}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/classify", {"model": "rm", "input": "3+4=7 ✓", "use_activation": False}),
+        (
+            "/v1/chat/completions",
+            {"model": "judge", "messages": [{"role": "user", "content": "Is 3+4=7 right? ü"}]},
+        ),
+        ("/v1/rewards", {"model": "rm", "items": [{"prompt": "3+4=", "response": "7 ü"}]}),
+    ],
+)
 def test_json_spellings_land_on_the_same_slot_with_the_same_result(gateway, path, body):
     url, _ = gateway
     compact = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     aiohttp_style = json.dumps(body).encode()  # ", " / ": " and \\u escapes
-    answers = [httpx.post(url + path, content=raw, timeout=120,
-                          headers={"content-type": "application/json"})
-               for raw in (compact, aiohttp_style)]
+    answers = [
+        httpx.post(
+            url + path, content=raw, timeout=120, headers={"content-type": "application/json"}
+        )
+        for raw in (compact, aiohttp_style)
+    ]
     assert all(a.status_code == 200 for a in answers)
     strip = lambda d: {k: v for k, v in d.items() if k not in ("id", "created")}  # noqa: E731
     assert strip(answers[0].json()) == strip(answers[1].json())
@@ -81,38 +91,45 @@ def test_verl_compute_score_matches_verls_own_classify_path(gateway, demo_models
 
     url, _ = gateway
     address = url.removeprefix("http://")
-    got = compute_score("sums", "7", "7", {"question": "3+4="},
-                        reward_router_address=address, model="rm")
+    got = compute_score(
+        "sums", "7", "7", {"question": "3+4="}, reward_router_address=address, model="rm"
+    )
     tok = AutoTokenizer.from_pretrained(str(demo_models / "disrm"))
     chat = [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}]
     text = tok.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
     if tok.bos_token and text.startswith(tok.bos_token):
-        text = text[len(tok.bos_token):]
+        text = text[len(tok.bos_token) :]
     for flag in ("use_activation", "activation"):  # vLLM >= 0.11.2 and older verl bodies
         verl_body = {"model": str(demo_models / "disrm"), "input": text, flag: False}
         r = httpx.post(url + "/classify", json=verl_body, timeout=60)
         assert r.status_code == 200, r.text
         assert got["score"] == r.json()["data"][-1]["probs"][-1]
     assert set(got) == {"score", "rmgate_slot", "rmgate_parsed"}
-    judged = compute_score("sums", "7", "7", {"question": "3+4="},
-                           reward_router_address=address, model="judge")
+    judged = compute_score(
+        "sums", "7", "7", {"question": "3+4="}, reward_router_address=address, model="judge"
+    )
     assert judged["score"] in (0.0, 1.0, -1.0)  # -1.0: the test config's parse default
 
 
 def test_openrlhf_get_reward(gateway):
     url, _ = gateway
-    body = {"query": ["<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n7<|im_end|>\n",
-                      "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n9<|im_end|>\n"],
-            "prompts": ["<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n"] * 2,
-            "labels": ["7", None]}
+    body = {
+        "query": [
+            "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n7<|im_end|>\n",
+            "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n9<|im_end|>\n",
+        ],
+        "prompts": ["<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n"] * 2,
+        "labels": ["7", None],
+    }
     r = httpx.post(url + "/get_reward", json=body, timeout=60)
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     out = r.json()
     assert len(out["rewards"]) == 2 and out["scores"] == out["rewards"]
     assert out["rewards"][0] > out["rewards"][1]  # right above wrong
     assert httpx.post(url + "/get_reward", json=body, timeout=60).json() == out
-    empty = httpx.post(url + "/get_reward", json={"query": [], "prompts": [], "labels": []},
-                       timeout=60)
+    empty = httpx.post(
+        url + "/get_reward", json={"query": [], "prompts": [], "labels": []}, timeout=60
+    )
     assert empty.status_code == 200 and empty.json()["rewards"] == []
 
 
@@ -136,21 +153,34 @@ def test_openai_stream_true_is_a_clear_400(gateway):
     url, _ = gateway
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="stream"):
-        client.chat.completions.create(model="judge", stream=True,
-                                       messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model="judge", stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
 
 
-@pytest.mark.parametrize("method,path,content", [
-    ("POST", "/v1/rewards", b"{"), ("POST", "/v1/rewards", b'{"items": 3}'),
-    ("POST", "/get_reward", b"[]"), ("POST", "/classify", b'{"model": "judge", "input": "x"}'),
-    ("POST", "/v1/completions", b'{"model": "judge", "prompt": "x", "max_tokens": 0}'),
-    ("GET", "/v1/rewards", b""), ("GET", "/nowhere", b""), ("GET", "/health", b""),
-    ("GET", "/v1/models", b""),
-])
+@pytest.mark.parametrize(
+    "method,path,content",
+    [
+        ("POST", "/v1/rewards", b"{"),
+        ("POST", "/v1/rewards", b'{"items": 3}'),
+        ("POST", "/get_reward", b"[]"),
+        ("POST", "/classify", b'{"model": "judge", "input": "x"}'),
+        ("POST", "/v1/completions", b'{"model": "judge", "prompt": "x", "max_tokens": 0}'),
+        ("GET", "/v1/rewards", b""),
+        ("GET", "/nowhere", b""),
+        ("GET", "/health", b""),
+        ("GET", "/v1/models", b""),
+    ],
+)
 def test_every_answer_is_application_json(gateway, method, path, content):
     url, _ = gateway
-    r = httpx.request(method, url + path, content=content or None, timeout=60,
-                      headers={"content-type": "application/json"})
+    r = httpx.request(
+        method,
+        url + path,
+        content=content or None,
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
     assert r.headers["content-type"] == "application/json", (r.status_code, r.text)
     r.json()
 
@@ -161,7 +191,11 @@ def test_example_ppo_loop_reports_bitwise_match(gateway):
 
     url, _ = gateway
     repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(repo / "examples" / "ppo_loop.py"), "--url", url,
-                          "--batch", "32"], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(repo / "examples" / "ppo_loop.py"), "--url", url, "--batch", "32"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "match bitwise: True" in out.stdout

@@ -48,8 +48,13 @@ BATCH = 8  # completions per step (examples/trl_grpo.py: 2 prompts x 4 generatio
 @pytest.fixture(scope="module")
 def trl_python() -> str:
     """The trl venv's python (made once and cached by scripts/trainer_env.sh)."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "trainer_env.sh"), "trl"], cwd=REPO,
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "trainer_env.sh"), "trl"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     python = out.stdout.strip().splitlines()[-1]
     assert Path(python).is_file(), out.stdout
@@ -72,20 +77,40 @@ def least_loaded(plain_engine):
 
 
 def _start(python: str, out: Path, url: str, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [python, str(EXAMPLE), "--url", url, "--seed", str(SEED), "--steps", str(STEPS),
-           "--out", str(out), *extra]
+    cmd = [
+        python,
+        str(EXAMPLE),
+        "--url",
+        url,
+        "--seed",
+        str(SEED),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+        *extra,
+    ]
     with open(out / "run.log", "wb") as log:  # the child keeps its own copy of the fd
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _pair(python: str, root: Path, url: str, *extra: str) -> tuple[dict, dict]:
     """Runs A and B (concurrently); each as ({(func, step, index): record}, summary)."""
-    procs = {name: _start(python, root / name, url, *extra, *client)
-             for name, client in (("a", CLIENT_A), ("b", CLIENT_B))}
+    procs = {
+        name: _start(python, root / name, url, *extra, *client)
+        for name, client in (("a", CLIENT_A), ("b", CLIENT_B))
+    }
     codes: dict[str, int | None] = {}
     try:
         for name, proc in procs.items():
@@ -111,13 +136,16 @@ def _rewards(records: dict, func: str) -> list[float]:
     return [float.fromhex(r["reward"]) for k, r in sorted(records.items()) if k[0] == func]
 
 
-def test_two_trl_grpo_runs_get_the_same_bits_through_rmgate(gateway, trl_python, plain_engine,
-                                                            tmp_path):
+def test_two_trl_grpo_runs_get_the_same_bits_through_rmgate(
+    gateway, trl_python, plain_engine, tmp_path
+):
     url, _ = gateway
     started = time.monotonic()
     (rec_a, sum_a), (rec_b, sum_b) = _pair(trl_python, tmp_path, url)
-    print(f"two TRL runs through rmgate: {time.monotonic() - started:.1f}s "
-          f"(each {sum_a['wall_s']}s / {sum_b['wall_s']}s)")
+    print(
+        f"two TRL runs through rmgate: {time.monotonic() - started:.1f}s "
+        f"(each {sum_a['wall_s']}s / {sum_b['wall_s']}s)"
+    )
 
     # Every reward function was called once per step, on every completion.
     assert sum_a["reward_calls"] == {f: STEPS for f in FUNCS}
@@ -147,16 +175,20 @@ def _one_token_batch_variance(engine_url: str) -> int:
     texts = [chr(c) for c in range(33, 97)]
     body = {"model": "rm-large", "use_activation": False}
     with httpx.Client(timeout=300) as client:
-        alone = [client.post(engine_url + "/classify", json={**body, "input": t}).json()
-                 ["data"][0]["probs"] for t in texts]
+        alone = [
+            client.post(engine_url + "/classify", json={**body, "input": t}).json()["data"][0][
+                "probs"
+            ]
+            for t in texts
+        ]
         listed = client.post(engine_url + "/classify", json={**body, "input": texts}).json()
     together = [d["probs"] for d in sorted(listed["data"], key=lambda d: d["index"])]
     return sum(a != b for a, b in zip(alone, together, strict=True))
 
 
-def test_control_the_same_runs_through_a_least_loaded_proxy_differ(gateway, trl_python,
-                                                                   plain_engine, least_loaded,
-                                                                   tmp_path):
+def test_control_the_same_runs_through_a_least_loaded_proxy_differ(
+    gateway, trl_python, plain_engine, least_loaded, tmp_path
+):
     """Where the platform shows batch variance for short inputs (AVX-512 hosts), two TRL
     runs whose DisRM goes through a least-loaded proxy to plain vLLM get other rewards. On a
     host where it does not (AVX2-only: oneDNN's fp32 GEMM is row-invariant there, measured),
@@ -164,14 +196,23 @@ def test_control_the_same_runs_through_a_least_loaded_proxy_differ(gateway, trl_
     url, _ = gateway
     engine, _ = plain_engine
     if not _one_token_batch_variance(engine.url):
-        pytest.skip("plain vLLM on this CPU scores one-token inputs with the same bits alone "
-                    "and batched: no batch variance for this control to show")
+        pytest.skip(
+            "plain vLLM on this CPU scores one-token inputs with the same bits alone "
+            "and batched: no batch variance for this control to show"
+        )
     started = time.monotonic()
     (rec_a, sum_a), (rec_b, sum_b) = _pair(
-        trl_python, tmp_path, url, "--rm-url", least_loaded, "--rm-model", "rm-large",
-        "--rm-endpoint", "classify")
-    print(f"two TRL runs, DisRM through the least-loaded proxy: "
-          f"{time.monotonic() - started:.1f}s")
+        trl_python,
+        tmp_path,
+        url,
+        "--rm-url",
+        least_loaded,
+        "--rm-model",
+        "rm-large",
+        "--rm-endpoint",
+        "classify",
+    )
+    print(f"two TRL runs, DisRM through the least-loaded proxy: {time.monotonic() - started:.1f}s")
     assert sum_a["rm"]["url"] == least_loaded
     # Step 0 is generated before any reward can matter: the same completions in both runs
     # (so any difference below comes from the reward path, not from TRL).
@@ -180,6 +221,8 @@ def test_control_the_same_runs_through_a_least_loaded_proxy_differ(gateway, trl_
     rm_keys = sorted(k for k in rec_a.keys() & rec_b.keys() if k[0] == "rm_reward")
     differing = [k for k in rm_keys if rec_a[k]["reward"] != rec_b[k]["reward"]]
     same_weights = sum_a["final_policy_sha256"] == sum_b["final_policy_sha256"]
-    print(f"control: {len(differing)} of {len(rm_keys)} DisRM rewards differ; final weights "
-          f"{'equal' if same_weights else 'differ'}")
+    print(
+        f"control: {len(differing)} of {len(rm_keys)} DisRM rewards differ; final weights "
+        f"{'equal' if same_weights else 'differ'}"
+    )
     assert differing, "the plain path gave identical rewards: the control shows nothing"

@@ -43,14 +43,17 @@ RESULT_OUT, sys.stdout = sys.stdout, sys.stderr
 
 def load_agent_module(pkgs: Path) -> ModuleType:
     """``openrlhf.utils.agent`` from ``pkgs`` without the package ``__init__`` files."""
-    for name, folder in (("openrlhf", pkgs / "openrlhf"),
-                         ("openrlhf.utils", pkgs / "openrlhf" / "utils")):
+    for name, folder in (
+        ("openrlhf", pkgs / "openrlhf"),
+        ("openrlhf.utils", pkgs / "openrlhf" / "utils"),
+    ):
         shell = types.ModuleType(name)
         shell.__path__ = [str(folder)]  # a package: its real submodules import from here
         shell.__file__ = None
         sys.modules[name] = shell
-    spec = importlib.util.spec_from_file_location("openrlhf.utils.agent",
-                                                  pkgs / "openrlhf" / "utils" / "agent.py")
+    spec = importlib.util.spec_from_file_location(
+        "openrlhf.utils.agent", pkgs / "openrlhf" / "utils" / "agent.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -67,22 +70,26 @@ class FixedEngine:
         self.answers = answers
         self.tokenizer = tokenizer
 
-    async def generate(self, prompt_token_ids: list[int], sampling_params: Any,
-                       multi_modal_data: Any = None) -> Any:
+    async def generate(
+        self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
+    ) -> Any:
         ids = self.answers[tuple(prompt_token_ids)]
-        out = SimpleNamespace(token_ids=ids, text=self.tokenizer.decode(ids),
-                              finish_reason="stop", logprobs=None)
+        out = SimpleNamespace(
+            token_ids=ids, text=self.tokenizer.decode(ids), finish_reason="stop", logprobs=None
+        )
         return SimpleNamespace(outputs=[out])
 
 
 async def run_calls(executor: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     async def one(call: dict[str, Any]) -> dict[str, Any]:
         try:
-            shards = await executor._fetch_rewards_via_http(call["queries"], call["prompts"],
-                                                            call["labels"])
+            shards = await executor._fetch_rewards_via_http(
+                call["queries"], call["prompts"], call["labels"]
+            )
             return {"ok": True, "shards": shards}
         except Exception as exc:  # reported to the test, which says what rmgate answered
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
     return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
@@ -91,8 +98,12 @@ async def run_execute(executor: Any, spec: dict[str, Any]) -> list[dict[str, Any
 
     tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
     items = spec["items"]
-    answers = {tuple(tok(text=it["prompt"], add_special_tokens=False)["input_ids"]):
-               tok(text=it["response"], add_special_tokens=False)["input_ids"] for it in items}
+    answers = {
+        tuple(tok(text=it["prompt"], add_special_tokens=False)["input_ids"]): tok(
+            text=it["response"], add_special_tokens=False
+        )["input_ids"]
+        for it in items
+    }
     engine = FixedEngine(answers, tok)
 
     async def one(it: dict[str, Any]) -> dict[str, Any]:
@@ -100,8 +111,14 @@ async def run_execute(executor: Any, spec: dict[str, Any]) -> list[dict[str, Any
         out = await executor.execute(it["prompt"], it["label"], params, 1024, tok, engine)
         query = tok.decode(out["observation_tokens"], skip_special_tokens=False)
         # execute() logs and swallows reward errors, leaving reward None: report as such.
-        return {"ok": out["reward"] is not None, "query": query, "reward": out["reward"],
-                "scores": out["scores"], "extra_logs": out["extra_logs"]}
+        return {
+            "ok": out["reward"] is not None,
+            "query": query,
+            "reward": out["reward"],
+            "scores": out["scores"],
+            "extra_logs": out["extra_logs"],
+        }
+
     return list(await asyncio.gather(*(one(it) for it in items)))
 
 

@@ -35,9 +35,8 @@ RESULT_OUT, sys.stdout = sys.stdout, sys.stderr
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
 import verl  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.reward_loop import RewardLoopWorker  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils import hf_tokenizer  # noqa: E402
@@ -50,8 +49,9 @@ def verl_config(job: dict[str, Any]) -> Any:
     """verl's own reward config defaults (its ``reward/reward.yaml``) with what a user sets
     to score with a reward model, plus the one actor field the worker reads (the policy's
     tokenizer, which decodes the rollouts)."""
-    reward = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "reward" /
-                            "reward.yaml")
+    reward = OmegaConf.load(
+        Path(verl.__file__).parent / "trainer" / "config" / "reward" / "reward.yaml"
+    )
     reward.num_workers = 1
     reward.reward_model.enable = True
     reward.reward_model.model_path = job["rm_path"]
@@ -62,10 +62,12 @@ def verl_config(job: dict[str, Any]) -> Any:
         reward.custom_reward_function.path = str(JUDGE_FN)
         reward.custom_reward_function.name = "compute_score_judge"
         reward.custom_reward_function.reward_kwargs = job.get("judge_kwargs", {})
-    return OmegaConf.create({
-        "actor_rollout_ref": {"model": {"path": job["policy_path"], "tokenizer_path": None}},
-        "reward": reward,
-    })
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {"model": {"path": job["policy_path"], "tokenizer_path": None}},
+            "reward": reward,
+        }
+    )
 
 
 def object_column(values: list[Any]) -> np.ndarray:
@@ -82,28 +84,45 @@ def rollout_batch(samples: list[dict[str, Any]], tokenizer: Any) -> DataProto:
     non-tensor fields verl's reward code reads (``raw_prompt``, ``data_source``,
     ``reward_model.ground_truth``, ``extra_info``)."""
     pad = tokenizer.pad_token_id
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(
-        s["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-        for s in samples]
-    responses = [tokenizer.encode(s["response"], add_special_tokens=False) +
-                 [tokenizer.eos_token_id] for s in samples]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                s["messages"], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for s in samples
+    ]
+    responses = [
+        tokenizer.encode(s["response"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        for s in samples
+    ]
     plen = max(len(p) for p in prompts)
     rlen = max(len(r) for r in responses) + 2  # some padding, as in a real batch
     prompt_ids = torch.tensor([[pad] * (plen - len(p)) + p for p in prompts])
     response_ids = torch.tensor([r + [pad] * (rlen - len(r)) for r in responses])
-    mask = torch.tensor([[0] * (plen - len(p)) + [1] * len(p) + [1] * len(r) +
-                         [0] * (rlen - len(r)) for p, r in zip(prompts, responses)])
+    mask = torch.tensor(
+        [
+            [0] * (plen - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (rlen - len(r))
+            for p, r in zip(prompts, responses)
+        ]
+    )
     return DataProto.from_dict(
-        tensors={"prompts": prompt_ids, "responses": response_ids,
-                 "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-                 "attention_mask": mask},
+        tensors={
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
+            "attention_mask": mask,
+        },
         non_tensors={
             "raw_prompt": object_column([list(s["messages"]) for s in samples]),
             "data_source": object_column(["rmgate-sums"] * len(samples)),
-            "reward_model": object_column([{"ground_truth": s.get("ground_truth")}
-                                           for s in samples]),
+            "reward_model": object_column(
+                [{"ground_truth": s.get("ground_truth")} for s in samples]
+            ),
             "extra_info": object_column([{"question": s.get("question", "")} for s in samples]),
-        })
+        },
+    )
 
 
 async def main() -> None:
@@ -112,11 +131,14 @@ async def main() -> None:
     worker = RewardLoopWorker(config, reward_router_address=job["address"])
     data = rollout_batch(job["samples"], hf_tokenizer(job["policy_path"]))
     outputs = await worker.compute_score_batch(data)
-    json.dump({
-        "rewards": [o["reward_score"] for o in outputs],
-        "extra": [o.get("reward_extra_info", {}) for o in outputs],
-        "versions": {name: md.version(name) for name in ("verl", "transformers", "aiohttp")},
-    }, RESULT_OUT)
+    json.dump(
+        {
+            "rewards": [o["reward_score"] for o in outputs],
+            "extra": [o.get("reward_extra_info", {}) for o in outputs],
+            "versions": {name: md.version(name) for name in ("verl", "transformers", "aiohttp")},
+        },
+        RESULT_OUT,
+    )
     RESULT_OUT.flush()
 
 

@@ -11,10 +11,26 @@ from gateway.core.config.settings import AppConfig
 from gateway.serve import topology
 from gateway.serve.admin import ServeAdmin
 
-COMPACT = {"applications": [{"name": "rmgate", "route_prefix": "/",
-                             "import_path": "gateway.serve.app:build_app", "args": {"models": [
-    {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
-    {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2}]}}]}
+COMPACT = {
+    "applications": [
+        {
+            "name": "rmgate",
+            "route_prefix": "/",
+            "import_path": "gateway.serve.app:build_app",
+            "args": {
+                "models": [
+                    {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
+                    {
+                        "name": "rm",
+                        "kind": "discriminative",
+                        "model_path": "/m/disrm",
+                        "replicas": 2,
+                    },
+                ]
+            },
+        }
+    ]
+}
 
 
 class FakeServe:
@@ -27,8 +43,13 @@ class FakeServe:
         self.deployed: list[list[dict]] = []
 
     def get_serve_details(self) -> dict:
-        return {"applications": {n: {"deployed_app_config": a, "status": self.status[n]}
-                                 for n, a in self.apps.items()}, "http_options": {}}
+        return {
+            "applications": {
+                n: {"deployed_app_config": a, "status": self.status[n]}
+                for n, a in self.apps.items()
+            },
+            "http_options": {},
+        }
 
     def deploy_applications(self, config: dict) -> None:
         apps = config["applications"]
@@ -94,10 +115,15 @@ def test_the_dashboard_token_is_sent_explicitly(tmp_path, monkeypatch):
 def test_on_a_shared_cluster_others_applications_are_kept_and_our_names_must_be_free():
     from gateway.serve.admin import alongside, declarative_applications
 
-    details = {"applications": {
-        "theirs": {"source": "declarative", "deployed_app_config": {"name": "theirs",
-                                                                    "import_path": "x:y"}},
-        "notebook": {"source": "imperative", "deployed_app_config": None}}}
+    details = {
+        "applications": {
+            "theirs": {
+                "source": "declarative",
+                "deployed_app_config": {"name": "theirs", "import_path": "x:y"},
+            },
+            "notebook": {"source": "imperative", "deployed_app_config": None},
+        }
+    }
     existing = declarative_applications(details)
     assert existing == {"theirs": {"name": "theirs", "import_path": "x:y"}}
     ours = {"applications": [{"name": "rmgate"}, {"name": "rm-0"}], "http_options": {}}

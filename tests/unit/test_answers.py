@@ -26,68 +26,156 @@ def up(x: float) -> float:
 
 def chat(**over) -> dict:
     body = {
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "judge",
-        "system_fingerprint": "fp-a", "prompt_token_ids": [1, 2, 3], "prompt_logprobs": None,
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "judge",
+        "system_fingerprint": "fp-a",
+        "prompt_token_ids": [1, 2, 3],
+        "prompt_logprobs": None,
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-        "choices": [{
-            "index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": [7, 8],
-            "message": {"role": "assistant", "content": "Score: 1", "reasoning_content": None,
-                        "tool_calls": [{"id": "chatcmpl-tool-aaa", "type": "function",
-                                        "function": {"name": "f", "arguments": "{}"}}]},
-            "logprobs": {"content": [
-                {"token": "Score", "logprob": -0.25, "bytes": [83],
-                 "top_logprobs": [{"token": "Score", "logprob": -0.25, "bytes": [83]}]},
-                {"token": ": 1", "logprob": -1.5, "bytes": [58],
-                 "top_logprobs": [{"token": ": 1", "logprob": -1.5, "bytes": [58]}]}]}}]}
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": [7, 8],
+                "message": {
+                    "role": "assistant",
+                    "content": "Score: 1",
+                    "reasoning_content": None,
+                    "tool_calls": [
+                        {
+                            "id": "chatcmpl-tool-aaa",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": "Score",
+                            "logprob": -0.25,
+                            "bytes": [83],
+                            "top_logprobs": [{"token": "Score", "logprob": -0.25, "bytes": [83]}],
+                        },
+                        {
+                            "token": ": 1",
+                            "logprob": -1.5,
+                            "bytes": [58],
+                            "top_logprobs": [{"token": ": 1", "logprob": -1.5, "bytes": [58]}],
+                        },
+                    ]
+                },
+            }
+        ],
+    }
     body.update(over)
     return body
 
 
 def completion() -> dict:
-    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "judge",
-            "usage": {"completion_tokens": 2},
-            "choices": [{"index": 0, "text": "yes", "finish_reason": "stop", "stop_reason": 2,
-                         "token_ids": [5, 6], "prompt_token_ids": [1],
-                         "logprobs": {"tokens": ["y", "es"], "token_logprobs": [-0.5, -0.125],
-                                      "text_offset": [0, 1],
-                                      "top_logprobs": [{"y": -0.5}, {"es": -0.125}]}}]}
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "judge",
+        "usage": {"completion_tokens": 2},
+        "choices": [
+            {
+                "index": 0,
+                "text": "yes",
+                "finish_reason": "stop",
+                "stop_reason": 2,
+                "token_ids": [5, 6],
+                "prompt_token_ids": [1],
+                "logprobs": {
+                    "tokens": ["y", "es"],
+                    "token_logprobs": [-0.5, -0.125],
+                    "text_offset": [0, 1],
+                    "top_logprobs": [{"y": -0.5}, {"es": -0.125}],
+                },
+            }
+        ],
+    }
 
 
 def classify() -> dict:
-    return {"id": "classify-1", "object": "list", "created": 1, "model": "rm",
-            "usage": {"prompt_tokens": 4},
-            "data": [{"index": 0, "label": "LABEL_0", "probs": [0.1, 0.7], "num_classes": 2},
-                     {"index": 1, "label": "LABEL_0", "probs": [0.3, 0.2], "num_classes": 2}]}
+    return {
+        "id": "classify-1",
+        "object": "list",
+        "created": 1,
+        "model": "rm",
+        "usage": {"prompt_tokens": 4},
+        "data": [
+            {"index": 0, "label": "LABEL_0", "probs": [0.1, 0.7], "num_classes": 2},
+            {"index": 1, "label": "LABEL_0", "probs": [0.3, 0.2], "num_classes": 2},
+        ],
+    }
 
 
 def pooling() -> dict:
-    return {"id": "pool-1", "created": 1, "model": "rm", "usage": {},
-            "data": [{"index": 0, "object": "pooling", "data": [[0.5, -0.25], [1.0, 2.0]]}]}
+    return {
+        "id": "pool-1",
+        "created": 1,
+        "model": "rm",
+        "usage": {},
+        "data": [{"index": 0, "object": "pooling", "data": [[0.5, -0.25], [1.0, 2.0]]}],
+    }
 
 
 def rewards() -> dict:
-    return {"model": "judge", "rewards": [1.0, 0.0],
-            "details": [{"index": 0, "key": "0000abcd", "slot": "0", "seed": 12,
-                         "judge_text": "Score: 1", "parsed": True},
-                        {"index": 1, "key": "0000abce", "slot": "1", "seed": 13,
-                         "judge_text": "no idea", "parsed": False,
-                         "error": "no score found by parser 'score'; default used"}]}
+    return {
+        "model": "judge",
+        "rewards": [1.0, 0.0],
+        "details": [
+            {
+                "index": 0,
+                "key": "0000abcd",
+                "slot": "0",
+                "seed": 12,
+                "judge_text": "Score: 1",
+                "parsed": True,
+            },
+            {
+                "index": 1,
+                "key": "0000abce",
+                "slot": "1",
+                "seed": 13,
+                "judge_text": "no idea",
+                "parsed": False,
+                "error": "no score found by parser 'score'; default used",
+            },
+        ],
+    }
 
 
 def get_reward() -> dict:
-    return {"rewards": [0.75, 0.5], "scores": [0.75, 0.5],
-            "extra_logs": {"parsed": [1.0, 1.0]}}
+    return {"rewards": [0.75, 0.5], "scores": [0.75, 0.5], "extra_logs": {"parsed": [1.0, 1.0]}}
 
 
-CASES = {"/v1/chat/completions": chat, "/v1/completions": completion, "/classify": classify,
-         "/pooling": pooling, "/v1/rewards": rewards, "/get_reward": get_reward}
+CASES = {
+    "/v1/chat/completions": chat,
+    "/v1/completions": completion,
+    "/classify": classify,
+    "/pooling": pooling,
+    "/v1/rewards": rewards,
+    "/get_reward": get_reward,
+}
 
 
 @pytest.mark.parametrize("path", list(CASES))
 def test_equal_answers_with_other_ids_times_usage_and_model_are_the_same(path):
     a, b = CASES[path](), CASES[path]()
-    other = {"id": "other-2", "created": 1700000099, "usage": {"prompt_tokens": 99},
-             "model": "judge-v2", "system_fingerprint": "fp-b", "object": "x"}
+    other = {
+        "id": "other-2",
+        "created": 1700000099,
+        "usage": {"prompt_tokens": 99},
+        "model": "judge-v2",
+        "system_fingerprint": "fp-b",
+        "object": "x",
+    }
     b.update({k: v for k, v in other.items() if k in b})
     if path == "/v1/rewards":
         for d in b["details"]:
@@ -101,6 +189,7 @@ def test_equal_answers_with_other_ids_times_usage_and_model_are_the_same(path):
 
 def _mutations():
     """(path, what, change): each changes one thing a consumer reads, minimally."""
+
     def at(obj, *keys):
         for k in keys[:-1]:
             obj = obj[k]
@@ -110,26 +199,34 @@ def _mutations():
         def f(p):
             o, k = at(p, *keys)
             o[k] = up(o[k])
+
         return f
 
     def setv(value, *keys):
         def f(p):
             o, k = at(p, *keys)
             o[k] = value
+
         return f
 
     c = ("choices", 0)
     yield "/v1/chat/completions", "logprob", bump(*c, "logprobs", "content", 1, "logprob")
-    yield "/v1/chat/completions", "top logprob", bump(*c, "logprobs", "content", 0,
-                                                      "top_logprobs", 0, "logprob")
+    yield (
+        "/v1/chat/completions",
+        "top logprob",
+        bump(*c, "logprobs", "content", 0, "top_logprobs", 0, "logprob"),
+    )
     yield "/v1/chat/completions", "token id", setv(9, *c, "token_ids", 1)
     yield "/v1/chat/completions", "prompt token id", setv(4, "prompt_token_ids", 2)
     yield "/v1/chat/completions", "finish_reason", setv("stop", *c, "finish_reason")
     yield "/v1/chat/completions", "stop_reason", setv(2, *c, "stop_reason")
     yield "/v1/chat/completions", "content", setv("Score: 0", *c, "message", "content")
     yield "/v1/chat/completions", "reasoning", setv("hm", *c, "message", "reasoning_content")
-    yield "/v1/chat/completions", "tool call", setv("{ }", *c, "message", "tool_calls", 0,
-                                                    "function", "arguments")
+    yield (
+        "/v1/chat/completions",
+        "tool call",
+        setv("{ }", *c, "message", "tool_calls", 0, "function", "arguments"),
+    )
     yield "/v1/completions", "token logprob", bump(*c, "logprobs", "token_logprobs", 1)
     yield "/v1/completions", "top logprob", bump(*c, "logprobs", "top_logprobs", 0, "y")
     yield "/v1/completions", "text", setv("yes!", *c, "text")
@@ -146,8 +243,9 @@ def _mutations():
     yield "/get_reward", "parsed", setv(0.0, "extra_logs", "parsed", 1)
 
 
-@pytest.mark.parametrize("path,what,change", list(_mutations()),
-                         ids=[f"{p}:{w}" for p, w, _ in _mutations()])
+@pytest.mark.parametrize(
+    "path,what,change", list(_mutations()), ids=[f"{p}:{w}" for p, w, _ in _mutations()]
+)
 def test_one_changed_thing_is_a_different_answer(path, what, change):
     a = CASES[path]()
     b = copy.deepcopy(a)
@@ -167,6 +265,7 @@ def test_disrm_reward_details_compare_the_raw_score():
 def test_bitwise_not_numeric_equality():
     def probs(v):
         return {"data": [{"index": 0, "probs": [v]}]}
+
     assert not same_answer("/classify", probs(0.0), probs(-0.0))
     assert not same_answer("/classify", probs(1), probs(1.0))
     assert not same_answer("/get_reward", {"rewards": [1.0]}, {"rewards": [True]})
@@ -200,19 +299,28 @@ def test_only_the_first_choice_is_not_enough():
     assert not same_answer("/v1/chat/completions", two, other)
 
 
-@pytest.mark.parametrize("path,payload", [
-    ("/v1/chat/completions", {"choices": []}),
-    ("/v1/chat/completions", {"object": "error"}),
-    ("/v1/chat/completions", {"choices": [{"index": 0, "text": "no message"}]}),
-    ("/classify", {"data": [{"index": 0}]}),
-    ("/pooling", {"data": None}),
-    ("/v1/rewards", {"details": []}),
-    ("/get_reward", {"scores": [1.0]}),
-    ("/classify", ["not", "an", "object"]),
-    ("/classify", {"data": [{"index": 0, "probs": [float("nan")]}]}),
-    ("/v1/completions", {"choices": [{"index": 0, "text": "", "logprobs": {
-        "token_logprobs": [float("-inf")]}}]}),
-])
+@pytest.mark.parametrize(
+    "path,payload",
+    [
+        ("/v1/chat/completions", {"choices": []}),
+        ("/v1/chat/completions", {"object": "error"}),
+        ("/v1/chat/completions", {"choices": [{"index": 0, "text": "no message"}]}),
+        ("/classify", {"data": [{"index": 0}]}),
+        ("/pooling", {"data": None}),
+        ("/v1/rewards", {"details": []}),
+        ("/get_reward", {"scores": [1.0]}),
+        ("/classify", ["not", "an", "object"]),
+        ("/classify", {"data": [{"index": 0, "probs": [float("nan")]}]}),
+        (
+            "/v1/completions",
+            {
+                "choices": [
+                    {"index": 0, "text": "", "logprobs": {"token_logprobs": [float("-inf")]}}
+                ]
+            },
+        ),
+    ],
+)
 def test_what_is_not_an_answer_raises_value_error(path, payload):
     with pytest.raises(ValueError):
         answer_of(path, payload)
@@ -228,10 +336,12 @@ def test_unknown_paths_compare_everything_but_the_volatile_fields():
 
 def test_the_core_module_imports_only_the_standard_library():
     tree = ast.parse(Path(answers.__file__).read_text())
-    roots = {(n.module or "").split(".")[0] for n in ast.walk(tree)
-             if isinstance(n, ast.ImportFrom)}
-    roots |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-              for a in n.names}
+    roots = {
+        (n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+    }
+    roots |= {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 
@@ -240,6 +350,7 @@ def test_the_core_module_imports_only_the_standard_library():
 
 def test_rmgate_check_uses_it():
     from gateway.client import check
+
     assert check.essence is answer_of
     ref = {0: check.Result(200, answer_of("/classify", classify()), "0", None, None)}
     moved = classify()
@@ -254,6 +365,7 @@ def test_rmgate_check_uses_it():
 
 def test_the_selftest_uses_it(monkeypatch):
     from deployments.engine import selftest
+
     seen = []
 
     def spy(path, payload):
@@ -267,18 +379,27 @@ def test_the_selftest_uses_it(monkeypatch):
         inputs = json.loads(request.content)["input"]
         n = len(inputs) if isinstance(inputs, list) else 1
         item = classify()["data"][0]
-        return httpx.Response(200, json={**classify(), "id": str(id(request)),
-                                         "data": [{**item, "index": i} for i in range(n)]})
+        return httpx.Response(
+            200,
+            json={
+                **classify(),
+                "id": str(id(request)),
+                "data": [{**item, "index": i} for i in range(n)],
+            },
+        )
 
-    result = selftest.run_selftest("http://e", "discriminative", "m",
-                                   transport=httpx.MockTransport(engine))
+    result = selftest.run_selftest(
+        "http://e", "discriminative", "m", transport=httpx.MockTransport(engine)
+    )
     assert result.passed and set(seen) == {"/classify"}
     assert len(seen) == 3 * len(selftest.PROBE_TEXTS)  # warm-up, alone, batched
     assert not hasattr(selftest, "comparable")
 
 
-@pytest.mark.parametrize("module,name", [("benchmarks.side_by_side", "answer"),
-                                         ("benchmarks.gpu.bench_gpu", "result_of")])
+@pytest.mark.parametrize(
+    "module,name",
+    [("benchmarks.side_by_side", "answer"), ("benchmarks.gpu.bench_gpu", "result_of")],
+)
 def test_the_benchmarks_use_it(monkeypatch, module, name):
     mod = importlib.import_module(module)
     fn = getattr(mod, name)

@@ -17,8 +17,9 @@ from gateway.harness.processes import stop_process_group
 
 def test_host_cores_busy_sees_a_busy_child():
     before = cpu_accounting.host_jiffies()
-    spin = subprocess.Popen([sys.executable, "-c",
-                             "import time\nt=time.time()\nwhile time.time()-t<1.0: pass"])
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.0: pass"]
+    )
     spin.wait(timeout=30)
     busy = cpu_accounting.host_cores_busy(before, cpu_accounting.host_jiffies())
     assert 0.5 <= busy <= (os.cpu_count() or 1) + 0.01
@@ -30,9 +31,10 @@ def test_host_cores_busy_counts_only_the_window():
 
 
 def test_group_cpu_is_charged_to_the_group_that_spent_it():
-    spin = subprocess.Popen([sys.executable, "-c",
-                             "import time\nt=time.time()\nwhile time.time()-t<0.6: pass"],
-                            start_new_session=True)
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<0.6: pass"],
+        start_new_session=True,
+    )
     try:
         time.sleep(0.5)
         got = cpu_accounting.group_cpu_s({"spinner": spin.pid, "nobody": 2**22 + 7})
@@ -53,7 +55,13 @@ def test_the_baseline_proxy_runs_at_the_niceness_it_is_given(tmp_path: Path):
 def test_an_engines_processes_are_told_apart():
     assert cpu_accounting.process_kind("VLLM::Worker", "VLLM::Worker") == "worker"
     assert cpu_accounting.process_kind("VLLM::EngineCor", "VLLM::EngineCore") == "engine_core"
-    assert cpu_accounting.process_kind(
-        "python", "python -m vllm.entrypoints.openai.api_server --model m") == "api_server"
-    assert cpu_accounting.process_kind(
-        "python", "python -m deployments.engine.launcher --port 1") == "launcher"
+    assert (
+        cpu_accounting.process_kind(
+            "python", "python -m vllm.entrypoints.openai.api_server --model m"
+        )
+        == "api_server"
+    )
+    assert (
+        cpu_accounting.process_kind("python", "python -m deployments.engine.launcher --port 1")
+        == "launcher"
+    )

@@ -12,14 +12,14 @@ import json
 import httpx
 import pytest
 
+from gateway.core.api.results import EngineReply
 from gateway.core.config.settings import AppConfig
-from gateway.core.routing.deadline import Deadline
 from gateway.core.ledger_policy.identity import reward_identity
+from gateway.core.routing.deadline import Deadline
+from gateway.core.routing.engine_access import SlotInfo, SlotView
 from gateway.core.routing.keys import canonical_json
 from gateway.core.routing.numerics import ModelClasses
 from gateway.core.service import RewardService
-from gateway.core.api.results import EngineReply
-from gateway.core.routing.engine_access import SlotInfo, SlotView
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
 from gateway.ledger.sqlite_store import SqliteLedger
@@ -27,11 +27,15 @@ from gateway.ledger.writer import LedgerWriter
 
 CONFIG = {
     "models": [
-        {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2,
-         "sampling_defaults": {"max_tokens": 8}},
+        {
+            "name": "judge",
+            "kind": "generative",
+            "model_path": "/m/grm",
+            "replicas": 2,
+            "sampling_defaults": {"max_tokens": 8},
+        },
         {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2},
-        {"name": "loose", "kind": "discriminative", "model_path": "/m/disrm",
-         "determinism": "off"},
+        {"name": "loose", "kind": "discriminative", "model_path": "/m/disrm", "determinism": "off"},
     ],
     "gateway": {"placement": "pinned", "default_reward_model": "rm"},
 }
@@ -46,8 +50,9 @@ class CountingEngines:
         self.release = asyncio.Event()
         self.release.set()
 
-    async def post(self, model: str, placement, path: str, body: bytes,
-                   deadline: Deadline) -> EngineReply:
+    async def post(
+        self, model: str, placement, path: str, body: bytes, deadline: Deadline
+    ) -> EngineReply:
         self.calls += 1
         await self.release.wait()
         data = json.loads(body)
@@ -58,13 +63,25 @@ class CountingEngines:
             size = len(json.dumps(data.get("input") or data.get("messages")))
             out = {"data": [{"index": 0, "probs": [size + self.calls / 1e6]}]}
         else:
-            out = {"choices": [{"index": 0, "message": {"role": "assistant",
-                                                        "content": f"9 call {self.calls}"}}]}
+            out = {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"9 call {self.calls}"},
+                    }
+                ]
+            }
         return EngineReply(200, json.dumps(out).encode(), f"fp-{slot}", slot, cls)
 
     async def describe(self, model, slot, timeout_s):
-        return SlotInfo(model=model, slot=slot, url="http://x", fingerprint=f"fp-{slot}",
-                        mode="serialize", max_inflight=1)
+        return SlotInfo(
+            model=model,
+            slot=slot,
+            url="http://x",
+            fingerprint=f"fp-{slot}",
+            mode="serialize",
+            max_inflight=1,
+        )
 
     async def health(self, model, slot, timeout_s):
         return "healthy"
@@ -89,8 +106,9 @@ async def setup(store):
     ledger.writer.start()
     gw = RewardService(AppConfig.model_validate(CONFIG), engines, ledger=ledger)
     app = create_app(gw, ledger=ledger)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://gw") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gw"
+    ) as client:
         yield client, engines, ledger
     await ledger.writer.aclose()
 
@@ -114,17 +132,25 @@ async def test_a_hit_is_the_recorded_answer_without_an_engine_call(setup):
     assert third.headers["x-rmgate-cache"] == "hit" and third.content == first.content
     row = (await client.get(f"/v1/ledger/{receipt}")).json()
     assert row["answer"] == first.text and row["slot"] == int(first.headers["x-rmgate-slot"])
-    assert row["numerics_class"] == "A" and row["score"] == json.loads(first.content)[
-        "data"][0]["probs"][0]
+    assert (
+        row["numerics_class"] == "A"
+        and row["score"] == json.loads(first.content)["data"][0]["probs"][0]
+    )
     assert json.loads(row["body"]) == {"input": "abc", "model": "rm"}
 
 
 async def test_identical_requests_in_flight_make_one_engine_call(setup):
     client, engines, _ = setup
     engines.release.clear()
-    tasks = [asyncio.create_task(client.post("/v1/chat/completions", json={
-        "model": "judge", "messages": [{"role": "user", "content": "same"}]}))
-        for _ in range(64)]
+    tasks = [
+        asyncio.create_task(
+            client.post(
+                "/v1/chat/completions",
+                json={"model": "judge", "messages": [{"role": "user", "content": "same"}]},
+            )
+        )
+        for _ in range(64)
+    ]
     while engines.calls < 1:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
@@ -159,8 +185,9 @@ async def test_the_leader_going_away_fails_no_waiter(setup):
 async def test_cache_off_per_request_and_determinism_off_reach_the_engine(setup):
     client, engines, _ = setup
     await client.post("/classify", json={"model": "rm", "input": "x"})
-    off = await client.post("/classify", json={"model": "rm", "input": "x"},
-                            headers={"x-rmgate-cache": "off"})
+    off = await client.post(
+        "/classify", json={"model": "rm", "input": "x"}, headers={"x-rmgate-cache": "off"}
+    )
     assert engines.calls == 2 and "x-rmgate-cache" not in off.headers
     assert off.headers["x-rmgate-receipt"]  # recorded all the same (the first row is kept)
     for _ in range(2):
@@ -220,6 +247,7 @@ async def test_a_request_that_looked_while_its_twin_was_answered_makes_no_second
 
     def get(identity, **kw):
         import time
+
         time.sleep(0.2)
         return slow_get(identity, **kw)
 
@@ -246,12 +274,23 @@ async def test_a_hit_returns_the_first_recorded_bytes_whatever_was_computed_sinc
     assert hit.headers["x-rmgate-cache"] == "hit" and hit.content == first.content
 
 
-@pytest.mark.parametrize("setting,asked,allowed", [
-    ("on", None, True), ("on", True, True), ("on", False, False),
-    ("opt_in", None, False), ("opt_in", True, True), ("opt_in", False, False),
-    ("off", None, False), ("off", True, False), ("off", False, False)])
+@pytest.mark.parametrize(
+    "setting,asked,allowed",
+    [
+        ("on", None, True),
+        ("on", True, True),
+        ("on", False, False),
+        ("opt_in", None, False),
+        ("opt_in", True, True),
+        ("opt_in", False, False),
+        ("off", None, False),
+        ("off", True, False),
+        ("off", False, False),
+    ],
+)
 def test_who_decides_whether_the_cache_answers(setting, asked, allowed):
     from gateway.core.ledger_policy.reuse import cache_decision
+
     assert cache_decision(setting, asked) is allowed
 
 
@@ -260,8 +299,9 @@ async def test_opt_in_answers_from_the_ledger_only_those_who_ask(store):
     ledger = Ledger(store, LedgerWriter(store, flush_interval_s=0.01), recent=1000)
     config = {**CONFIG, "gateway": {**CONFIG["gateway"], "cache": "opt_in"}}
     gw = RewardService(AppConfig.model_validate(config), engines, ledger=ledger)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
-                                 base_url="http://gw") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(gw)), base_url="http://gw"
+    ) as client:
         body = {"model": "rm", "input": "opt in"}
         plain = [await client.post("/classify", json=body) for _ in range(2)]
         assert engines.calls == 2 and all("x-rmgate-cache" not in r.headers for r in plain)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.core.scoring.chat_text import prompt_text, response_text, strip_special_tokens
 
-CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=<|im_end|>\n" \
+CHATML = (
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+4=<|im_end|>\n"
     "<|im_start|>assistant\n"
-LLAMA3 = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n3+4=<|eot_id|>" \
+)
+LLAMA3 = (
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n3+4=<|eot_id|>"
     "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
 
 
 def test_chatml_prompt_and_response():

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from gateway.core.api.errors import QueueFull
+from gateway.core.routing.gate import SlotGate, acquire_first
 from gateway.core.routing.placement import Placement
 from gateway.transport.engine_client import HttpxEngineClient
-from gateway.core.routing.gate import SlotGate, acquire_first
 from tests.unit.test_routing import transport, within
 
 
@@ -110,8 +110,9 @@ HOME0 = Placement(((0, 0.0), (1, 120.0)), home=0, numerics_class="A", within_cla
 async def test_requests_behind_a_stalled_slot_go_to_the_free_class_mate(class_queue: bool):
     t, release = _stalled_and_free(class_queue=class_queue)
     await _describe(t)
-    tasks = [asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30)))
-             for _ in range(6)]
+    tasks = [
+        asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30))) for _ in range(6)
+    ]
     for _ in range(20):
         await asyncio.sleep(0)
     done = [task.result() for task in tasks if task.done()]
@@ -144,8 +145,9 @@ async def test_a_placement_across_slots_not_within_a_class_never_uses_the_class_
     t, release = _stalled_and_free()
     await _describe(t)
     pinned = Placement(((0, 120.0), (1, 120.0)))
-    tasks = [asyncio.ensure_future(t.post("m", pinned, "/classify", b"{}", within(30)))
-             for _ in range(3)]
+    tasks = [
+        asyncio.ensure_future(t.post("m", pinned, "/classify", b"{}", within(30))) for _ in range(3)
+    ]
     for _ in range(20):
         await asyncio.sleep(0)
     assert not any(task.done() for task in tasks)
@@ -255,8 +257,10 @@ async def test_a_plain_waiter_behind_refused_class_waiters_is_not_stranded():
 
     fast, slow = SlotGate(1, 100), SlotGate(1, 100)
     await fast.acquire()
-    waiters = [asyncio.ensure_future(acquire_first([fast, slow], lambda i: False))
-               for _ in range(SCAN_LIMIT + 4)]
+    waiters = [
+        asyncio.ensure_future(acquire_first([fast, slow], lambda i: False))
+        for _ in range(SCAN_LIMIT + 4)
+    ]
     await asyncio.sleep(0)
     pinned = asyncio.ensure_future(slow.acquire())
     for _ in range(3):
@@ -274,7 +278,8 @@ async def test_a_plain_waiter_behind_refused_class_waiters_is_not_stranded():
 
 @pytest.mark.parametrize("load_weight", ["answer_time", "count"])
 async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_the_fast_one(
-        load_weight: str):
+    load_weight: str,
+):
     """Slot 0 answers 100x slower than slot 1 (as measured) and holds one request; slot
     1's two places are taken and a request placed on slot 1 arrives: weighed by answer
     times it waits for slot 1 (a few answer times there beat 200 here); counted by

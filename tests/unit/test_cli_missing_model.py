@@ -19,9 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _serve(config: Path, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", str(config)], cwd=cwd,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", str(config)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     return out, time.monotonic() - start
 
 
@@ -38,9 +43,18 @@ def test_the_shipped_demo_config_without_its_models_is_refused_in_seconds(tmp_pa
 
 def test_a_folder_without_config_json_and_a_missing_key_file_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
-    cfg = {"applications": [{"name": "rmgate", "import_path": "gateway.serve.app:build_app", "args": {
-        "gateway": {"api_keys_file": str(tmp_path / "keys.txt")},
-        "models": [{"name": "rm", "kind": "discriminative", "model_path": "empty"}]}}]}
+    cfg = {
+        "applications": [
+            {
+                "name": "rmgate",
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "gateway": {"api_keys_file": str(tmp_path / "keys.txt")},
+                    "models": [{"name": "rm", "kind": "discriminative", "model_path": "empty"}],
+                },
+            }
+        ]
+    }
     from gateway.serve.topology import missing_paths
 
     os.chdir(tmp_path)
@@ -48,8 +62,10 @@ def test_a_folder_without_config_json_and_a_missing_key_file_are_named(tmp_path)
         missing = missing_paths(cfg)
     finally:
         os.chdir(REPO)
-    assert missing == [f"model 'rm': model_path {tmp_path / 'empty'} has no config.json",
-                       f"gateway.api_keys_file {tmp_path / 'keys.txt'} does not exist"]
+    assert missing == [
+        f"model 'rm': model_path {tmp_path / 'empty'} has no config.json",
+        f"gateway.api_keys_file {tmp_path / 'keys.txt'} does not exist",
+    ]
     # the control: with the model folder and key file there, nothing is missing
     (tmp_path / "empty" / "config.json").write_text("{}")
     (tmp_path / "keys.txt").write_text("k\n")

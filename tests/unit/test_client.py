@@ -34,13 +34,20 @@ def scripted(fail_first: dict[str, list[int]] | None = None, delay_by_index: boo
         script = fail_first.get(first)
         if script:
             status = script.pop(0)
-            return httpx.Response(status, json={"error": {"message": "busy"}},
-                                  headers={"Retry-After": "0"} if status in (429, 503) else {})
+            return httpx.Response(
+                status,
+                json={"error": {"message": "busy"}},
+                headers={"Retry-After": "0"} if status in (429, 503) else {},
+            )
         if delay_by_index:  # later items answer first: completion order != submission order
             await asyncio.sleep(0.02 * (10 - int(float(first)) % 10))
-        return httpx.Response(200, json={
-            "rewards": [float(it["response"]) for it in body["items"]],
-            "details": [{"slot": 0} for _ in body["items"]]})
+        return httpx.Response(
+            200,
+            json={
+                "rewards": [float(it["response"]) for it in body["items"]],
+                "details": [{"slot": 0} for _ in body["items"]],
+            },
+        )
 
     return httpx.MockTransport(handler), calls
 
@@ -83,8 +90,9 @@ def test_each_attempt_tells_the_gateway_what_is_left_of_the_budget():
             return httpx.Response(503, json={}, headers={"Retry-After": "0"})
         return httpx.Response(200, json={"rewards": [1.0], "details": [{}]})
 
-    with RewardClient("http://x", transport=httpx.MockTransport(handler), retry=FAST,
-                      timeout_s=30) as client:
+    with RewardClient(
+        "http://x", transport=httpx.MockTransport(handler), retry=FAST, timeout_s=30
+    ) as client:
         assert client.score(items(1)) == [1.0]
     assert len(seen) == 3 and 29 < seen[0] <= 30 and seen[0] >= seen[1] >= seen[2]
 
@@ -92,12 +100,12 @@ def test_each_attempt_tells_the_gateway_what_is_left_of_the_budget():
 def test_retries_stay_within_the_budget_against_a_gateway_that_keeps_refusing():
     """8 attempts of a 1 s timeout each used to take up to 8 s plus backoff; now the
     whole request, retries included, ends within its budget."""
+
     async def refusing(request: httpx.Request) -> httpx.Response:
         await asyncio.sleep(0.2)
         return httpx.Response(503, json={}, headers={"Retry-After": "0.1"})
 
-    with RewardClient("http://x", transport=httpx.MockTransport(refusing),
-                      timeout_s=1.0) as client:
+    with RewardClient("http://x", transport=httpx.MockTransport(refusing), timeout_s=1.0) as client:
         t = time.monotonic()
         with pytest.raises(RewardRequestError, match="within its 1s budget"):
             client.score(items(1))
@@ -145,8 +153,9 @@ def test_total_timeout():
         await asyncio.sleep(5)
         return httpx.Response(200, json={"rewards": [0.0], "details": [{}]})
 
-    with RewardClient("http://x", transport=httpx.MockTransport(slow),
-                      total_timeout_s=0.2) as client:
+    with RewardClient(
+        "http://x", transport=httpx.MockTransport(slow), total_timeout_s=0.2
+    ) as client:
         t = time.monotonic()
         with pytest.raises(RewardRequestError, match="within"):
             client.score(items(1))
@@ -173,8 +182,9 @@ def test_api_key_header_and_chat_and_classify_share_the_client():
             return httpx.Response(200, json={"data": [{"probs": [0.0, 2.5]}]})
         return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
 
-    with RewardClient("http://x", model="m", api_key="secret",
-                      transport=httpx.MockTransport(handler)) as client:
+    with RewardClient(
+        "http://x", model="m", api_key="secret", transport=httpx.MockTransport(handler)
+    ) as client:
         assert client.classify(["t"]) == [2.5]
         assert client.chat([{"messages": []}])[0]["choices"][0]["message"]["content"] == "ok"
     assert [r.headers["authorization"] for r in seen] == ["Bearer secret"] * 2
@@ -198,15 +208,20 @@ async def test_run_sync_inside_a_running_loop():
 
 def test_verl_result_reads_an_int_slot():
     assert _result(1.5, {"index": 0, "key": "00000000", "slot": 3}) == {
-        "score": 1.5, "rmgate_slot": 3, "rmgate_parsed": 1.0}
+        "score": 1.5,
+        "rmgate_slot": 3,
+        "rmgate_parsed": 1.0,
+    }
     assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_slot"] == 2  # digit string
     assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_parsed"] == 0.0
     assert _result(0.0, {})["rmgate_slot"] == 0
 
 
 def test_client_imports_nothing_server_side():
-    code = ("import sys, gateway.client, gateway.client.verl; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch', "
-            "'fastapi', 'starlette', 'uvicorn', 'aiohttp', 'prometheus_client')))")
+    code = (
+        "import sys, gateway.client, gateway.client.verl; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch', "
+        "'fastapi', 'starlette', 'uvicorn', 'aiohttp', 'prometheus_client')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

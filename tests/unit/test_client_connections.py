@@ -17,8 +17,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -93,10 +94,13 @@ async def rewards(request: Request) -> JSONResponse:
         COUNTER.requests += 1
         COUNTER.peers.add((request.client.host, request.client.port))
     items = body["items"]
-    return JSONResponse({"model": body.get("model", "rm"),
-                         "rewards": [float(it["response"]) for it in items],
-                         "details": [{"index": i, "key": "00000000", "slot": 0}
-                                     for i in range(len(items))]})
+    return JSONResponse(
+        {
+            "model": body.get("model", "rm"),
+            "rewards": [float(it["response"]) for it in items],
+            "details": [{"index": i, "key": "00000000", "slot": 0} for i in range(len(items))],
+        }
+    )
 
 
 async def refusing(request: Request) -> JSONResponse:
@@ -104,12 +108,19 @@ async def refusing(request: Request) -> JSONResponse:
     (each after a pause, as a struggling server answers)."""
     await asyncio.sleep(0.2)
     status = int(request.path_params["status"])
-    return JSONResponse({"error": {"message": "trouble", "code": "x"}}, status,
-                        headers={"Retry-After": "0.3"} if status == 503 else None)
+    return JSONResponse(
+        {"error": {"message": "trouble", "code": "x"}},
+        status,
+        headers={"Retry-After": "0.3"} if status == 503 else None,
+    )
 
 
-APP = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]),
-                        Route("/fail/{status}/v1/rewards", refusing, methods=["POST"])])
+APP = Starlette(
+    routes=[
+        Route("/v1/rewards", rewards, methods=["POST"]),
+        Route("/fail/{status}/v1/rewards", refusing, methods=["POST"]),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +134,21 @@ def server() -> Iterator[str]:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))  # a free port, held from here on: no race with others
     port = sock.getsockname()[1]
-    config = uvicorn.Config(APP, http=CountingH11Protocol, loop="asyncio", lifespan="off",
-                            log_level="warning", access_log=False, timeout_keep_alive=60,
-                            timeout_graceful_shutdown=2, backlog=2048)
+    config = uvicorn.Config(
+        APP,
+        http=CountingH11Protocol,
+        loop="asyncio",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=60,
+        timeout_graceful_shutdown=2,
+        backlog=2048,
+    )
     srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]},
-                              name="test-uvicorn", daemon=True)
+    thread = threading.Thread(
+        target=srv.run, kwargs={"sockets": [sock]}, name="test-uvicorn", daemon=True
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 10
@@ -153,6 +173,7 @@ def counter(server: str) -> Counter:
 @pytest.fixture
 def fresh_verl_clients() -> Iterator[None]:
     """verl's client cache starts empty and its clients are closed afterwards (also on failure)."""
+
     def drain() -> None:
         with verl._CLIENTS_LOCK:
             clients = list(verl._CLIENTS.values())
@@ -195,8 +216,10 @@ def test_verl_compute_score_reuses_connections(server, counter, fresh_verl_clien
     assert all(r["rmgate_slot"] == 0 and isinstance(r["rmgate_slot"], int) for r in results)
     assert len(verl._CLIENTS) == 1
     assert counter.requests == CALLS
-    print(f"\nreuse: {CALLS} compute_score calls from 8 threads opened {counter.made} TCP "
-          f"connection(s) ({len(counter.peers)} distinct client ports)")
+    print(
+        f"\nreuse: {CALLS} compute_score calls from 8 threads opened {counter.made} TCP "
+        f"connection(s) ({len(counter.peers)} distinct client ports)"
+    )
     assert 1 <= counter.made <= VERL_CONCURRENCY
     assert len(counter.peers) == counter.made
 
@@ -213,8 +236,9 @@ def test_negative_control_fresh_client_per_call_opens_a_connection_per_call(serv
     def call(i: int) -> dict[str, Any]:
         item = verl.build_item(*sample(i)[1:])
         transport = httpx.AsyncHTTPTransport(verify=ssl_context)
-        with RewardClient(server, model="rm", concurrency=VERL_CONCURRENCY, progress=False,
-                          transport=transport) as client:
+        with RewardClient(
+            server, model="rm", concurrency=VERL_CONCURRENCY, progress=False, transport=transport
+        ) as client:
             reward, detail = client.score_detailed([item])[0]
         return verl._result(reward, detail)
 
@@ -222,8 +246,10 @@ def test_negative_control_fresh_client_per_call_opens_a_connection_per_call(serv
         results = list(pool.map(call, range(CALLS)))
 
     assert [r["score"] for r in results] == [float(i) for i in range(CALLS)]
-    print(f"\nnegative control: {CALLS} calls with a fresh client each opened {counter.made} "
-          f"TCP connection(s) ({len(counter.peers)} distinct client ports)")
+    print(
+        f"\nnegative control: {CALLS} calls with a fresh client each opened {counter.made} "
+        f"TCP connection(s) ({len(counter.peers)} distinct client ports)"
+    )
     assert counter.made > VERL_CONCURRENCY
     assert counter.made == CALLS
     # ... and each client's close() closed its connection
@@ -234,11 +260,13 @@ def test_concurrent_sync_calls_of_one_client_stay_within_concurrency(server, cou
     """More parallel callers than pool slots: they queue for a connection, none is added."""
     with RewardClient(server, model="rm", concurrency=4, batch_size=1) as client:
         with ThreadPoolExecutor(16) as pool:
-            got = list(pool.map(lambda i: client.score([{"prompt": "p", "response": str(i)}]),
-                                range(200)))
+            got = list(
+                pool.map(lambda i: client.score([{"prompt": "p", "response": str(i)}]), range(200))
+            )
         assert got == [[float(i)] for i in range(200)]
         assert client.score([{"prompt": "p", "response": str(i)} for i in range(50)]) == [
-            float(i) for i in range(50)]
+            float(i) for i in range(50)
+        ]
     assert 1 <= counter.made <= 4
 
 
@@ -264,7 +292,8 @@ def test_close_is_idempotent_closes_connections_and_stops_the_thread(server, cou
 def test_sync_context_manager(server, counter):
     with RewardClient(server, model="rm") as client:
         assert client.score_detailed([{"prompt": "p", "response": "2"}]) == [
-            (2.0, {"index": 0, "key": "00000000", "slot": 0})]
+            (2.0, {"index": 0, "key": "00000000", "slot": 0})
+        ]
         runner = client._runner
     assert runner is not None and not runner.thread.is_alive()
     assert wait_for(lambda: counter.open == 0)

@@ -12,19 +12,20 @@ import time
 import httpx
 import pytest
 
-from gateway.core.routing.concurrency import all_or_cancel
-from gateway.core.config.settings import AppConfig
-from gateway.core.routing.deadline import GUARD_MARGIN_S, Deadline
 from gateway.core.api.errors import DeadlineExceeded, EngineRejected
+from gateway.core.config.settings import AppConfig
+from gateway.core.routing.concurrency import all_or_cancel
+from gateway.core.routing.deadline import GUARD_MARGIN_S, Deadline
 from gateway.core.routing.placement import Placement
-from gateway.core.service import RewardService
 from gateway.core.routing.slots import SlotTable
+from gateway.core.service import RewardService
 from gateway.observability import metrics
 from tests.unit.test_routing import FakeClock, FakeHandle, transport
 
-CONFIG = {"models": [{"name": "rm", "kind": "discriminative", "model_path": "/m/disrm",
-                      "replicas": 1}],
-          "gateway": {"placement": "pinned"}}
+CONFIG = {
+    "models": [{"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 1}],
+    "gateway": {"placement": "pinned"},
+}
 
 pytestmark = pytest.mark.timing  # asserts durations / CPU shares: run when the machine is quiet
 
@@ -47,6 +48,7 @@ async def test_requests_behind_a_stalled_engine_all_end_at_their_deadline():
     """The engine never answers; four requests for its one place, 0.3 s each. Before, the
     ones at the gate waited for the one ahead to time out, then timed out themselves (up
     to 4 x 0.3 s); now every one ends at its own deadline, and the slot is empty after."""
+
     async def stalled(request: httpx.Request) -> httpx.Response:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -55,8 +57,9 @@ async def test_requests_behind_a_stalled_engine_all_end_at_their_deadline():
     before = aborted("cancelled")
     start = time.monotonic()
     results = await asyncio.gather(
-        *(gw.classify(json.dumps({"input": f"x{i}"}).encode(), gw.deadline(0.3))
-          for i in range(4)), return_exceptions=True)
+        *(gw.classify(json.dumps({"input": f"x{i}"}).encode(), gw.deadline(0.3)) for i in range(4)),
+        return_exceptions=True,
+    )
     took = time.monotonic() - start
     assert all(isinstance(r, DeadlineExceeded) and r.status == 504 for r in results), results
     assert {r.code for r in results} == {"deadline_exceeded"}
@@ -98,8 +101,7 @@ async def test_one_failed_item_cancels_its_siblings_and_their_engine_requests():
     before = aborted("cancelled")
     start = time.monotonic()
     with pytest.raises(EngineRejected) as err:
-        await gw.classify(json.dumps({"input": ["a", "b", "bad", "c"]}).encode(),
-                      gw.deadline(30))
+        await gw.classify(json.dumps({"input": ["a", "b", "bad", "c"]}).encode(), gw.deadline(30))
     assert time.monotonic() - start < 2 and "too long" in err.value.message
     assert sorted(cancelled) == ["a", "b", "c"]
     assert aborted("cancelled") == before + 3
@@ -145,10 +147,19 @@ async def test_a_cancelled_handler_is_counted_and_its_engine_call_aborted():
     async def send(message: dict) -> None:
         raise AssertionError(f"nothing is sent to a client that left: {message}")
 
-    scope = {"type": "http", "method": "POST", "path": "/classify", "raw_path": b"/classify",
-             "query_string": b"", "headers": [(b"content-type", b"application/json")],
-             "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 1),
-             "client": ("127.0.0.1", 2), "root_path": ""}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/classify",
+        "raw_path": b"/classify",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 1),
+        "client": ("127.0.0.1", 2),
+        "root_path": "",
+    }
     gone = metrics.CLIENT_DISCONNECTS.labels("/classify")._value.get()
     closed = metrics.REQUESTS.labels("", "/classify", "499")._value.get()
     before = aborted("cancelled")

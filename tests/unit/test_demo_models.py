@@ -74,7 +74,8 @@ def test_grm_answers_in_the_judge_format(demo_models):
         prompt = chat_text([{"role": "user", "content": judge_prompt(a, b, c)}], True)
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=10, do_sample=False, eos_token_id=258,
-                                 pad_token_id=256)
-        text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                **ids, max_new_tokens=10, do_sample=False, eos_token_id=258, pad_token_id=256
+            )
+        text = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
         assert text.strip() in ("Score: 0", "Score: 1"), text

@@ -29,6 +29,7 @@ def client(messages: list[dict], leave_after_body: asyncio.Event | None = None):
             return {"type": "http.disconnect"}
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
+
     return receive
 
 
@@ -51,8 +52,16 @@ async def test_the_app_reads_the_whole_body_and_answers():
         sent.append(m)
 
     wrapped = CancelOnDisconnect(app, max_body_bytes=100)
-    await wrapped(SCOPE, client([{"type": "http.request", "body": b"ab", "more_body": True},
-                                 {"type": "http.request", "body": b"c"}]), send)
+    await wrapped(
+        SCOPE,
+        client(
+            [
+                {"type": "http.request", "body": b"ab", "more_body": True},
+                {"type": "http.request", "body": b"c"},
+            ]
+        ),
+        send,
+    )
     assert seen == [b"abc"] and sent[-1]["body"] == b"ok"
 
 
@@ -73,8 +82,9 @@ async def test_a_client_that_leaves_cancels_the_handler():
         raise AssertionError("nothing is sent to a client that left")
 
     wrapped = CancelOnDisconnect(app, max_body_bytes=100)
-    await asyncio.wait_for(wrapped(SCOPE, client([{"type": "http.request", "body": b"{}"}],
-                                                  left), send), 5)
+    await asyncio.wait_for(
+        wrapped(SCOPE, client([{"type": "http.request", "body": b"{}"}], left), send), 5
+    )
     assert cancelled.is_set()
     assert not asyncio.current_task().cancelling()  # the cancel stayed inside
 
@@ -93,13 +103,15 @@ async def test_a_disconnect_after_the_answer_cancels_nothing():
         pass
 
     wrapped = CancelOnDisconnect(app, max_body_bytes=100)
-    await asyncio.wait_for(wrapped(SCOPE, client([{"type": "http.request", "body": b"{}"}],
-                                                  done), send), 5)
+    await asyncio.wait_for(
+        wrapped(SCOPE, client([{"type": "http.request", "body": b"{}"}], done), send), 5
+    )
 
 
 async def test_a_body_over_the_limit_is_left_to_the_app_to_refuse():
     chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": True}] * 3 + [
-        {"type": "http.request", "body": b"y"}]
+        {"type": "http.request", "body": b"y"}
+    ]
     got = []
 
     async def app(scope, receive, send):
@@ -150,10 +162,13 @@ async def test_two_servers_share_the_port_and_a_closed_connection_cancels():
                 cancelled.set()
                 raise
             return Response(b"late")
+
         return api
 
-    servers = [asyncio.create_task(serve_direct_port(app(n), "127.0.0.1", port, 1 << 20))
-               for n in ("a", "b")]
+    servers = [
+        asyncio.create_task(serve_direct_port(app(n), "127.0.0.1", port, 1 << 20))
+        for n in ("a", "b")
+    ]
     try:
         for _ in range(100):  # both listening
             await asyncio.sleep(0.05)

@@ -24,9 +24,26 @@ from gateway.cli.main import app
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile.cpu", "gpu": ROOT / "docker" / "Dockerfile.gpu"}
 README = ROOT / "docker" / "README.md"
-KNOWN = {"FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY",
-         "ENTRYPOINT", "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL",
-         "HEALTHCHECK", "SHELL"}
+KNOWN = {
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "MAINTAINER",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
 
 
 def parse_dockerfile(text: str) -> list[tuple[str, str]]:
@@ -80,8 +97,17 @@ def dockerignore_excludes(rel: str) -> bool:
             continue
         negate = pattern.startswith("!")
         pattern = pattern.lstrip("!").strip("/")
-        regex = "".join(".*" if tok == "**" else "[^/]*" if tok == "*" else "[^/]" if tok == "?"
-                        else re.escape(tok) for tok in re.split(r"(\*\*|\*|\?)", pattern) if tok)
+        regex = "".join(
+            ".*"
+            if tok == "**"
+            else "[^/]*"
+            if tok == "*"
+            else "[^/]"
+            if tok == "?"
+            else re.escape(tok)
+            for tok in re.split(r"(\*\*|\*|\?)", pattern)
+            if tok
+        )
         regex = regex.replace(".*/", "(.*/)?")  # `**/x` also matches a top-level x
         if any(re.fullmatch(regex, c) for c in candidates):
             excluded = not negate
@@ -139,8 +165,9 @@ def test_runs_as_a_created_non_root_user_from_app(image):
     _, ins = image
     words = [w for w, _ in ins]
     last_user = max(i for i, w in enumerate(words) if w == "USER")
-    assert all(i < last_user for i, w in enumerate(words) if w == "RUN"), \
+    assert all(i < last_user for i, w in enumerate(words) if w == "RUN"), (
         "a RUN after the final USER would run without root, or the user is set too early"
+    )
     user = ins[last_user][1].split(":")[0]
     assert user not in ("root", "0")
     assert any(re.search(rf"useradd\b.*\b{re.escape(user)}\b", r) for r in values(ins, "RUN"))
@@ -194,8 +221,9 @@ def test_install_facts_match_pyproject_and_install_script():
     torch_pin = next(r for r in extras["cpu"] if r.startswith("torch=="))
     assert f"install {torch_pin} --index-url https://download.pytorch.org/whl/cpu" in cpu_runs
     assert 'install ".[cpu]"' in cpu_runs  # the runtime extra only: no dev tools
-    removed = re.search(r"pip uninstall -q -y ([\w ]+?) 2>", (ROOT / "scripts" / "install.sh")
-                        .read_text()).group(1)
+    removed = re.search(
+        r"pip uninstall -q -y ([\w ]+?) 2>", (ROOT / "scripts" / "install.sh").read_text()
+    ).group(1)
     assert f"uninstall -y {removed}" in cpu_runs
     for requirement in extras["server"] + pyproject()["project"]["dependencies"]:
         assert f'"{requirement}"' in gpu_runs, requirement
@@ -211,8 +239,11 @@ def test_readme_documents_build_and_run():
         config = json_array(values(ins, "CMD")[-1])[1]
         port = values(ins, "EXPOSE")[0]
         assert f"docker build -f docker/{path.name} -t rmgate:{name} ." in text
-        runs = [line for line in text.splitlines()
-                if line.startswith("docker run") and line.endswith(f" rmgate:{name}")]
+        runs = [
+            line
+            for line in text.splitlines()
+            if line.startswith("docker run") and line.endswith(f" rmgate:{name}")
+        ]
         assert len(runs) == 1, f"one `docker run ... rmgate:{name}` line"
         assert f":{config}:ro" in runs[0], "the CMD's config path is the documented mount"
         assert f"127.0.0.1:{port}:{port}" in runs[0]

@@ -33,9 +33,14 @@ def bash_lines() -> list[tuple[str, str]]:
 def test_the_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     assert mkdocs, "mkdocs is in the dev extra"
-    res = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (tmp_path / "site" / "configuration" / "index.html").is_file()
 
@@ -52,17 +57,19 @@ def test_the_readme_is_short_and_links_the_pages():
     for page in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (ROOT / page).is_file(), page
     # the test command is the one CI runs
-    assert "bash scripts/install.sh cpu,dev && .venv/bin/python -m pytest -v tests" in text
-    assert "bash scripts/install.sh cpu,dev && .venv/bin/python -m pytest -v tests" in \
-        (ROOT / ".ci" / "run").read_text()
+    command = (
+        "bash scripts/install.sh cpu,dev && bash scripts/check.sh && "
+        ".venv/bin/python -m pytest -v tests"
+    )
+    assert command in text
+    assert command in (ROOT / ".ci" / "run").read_text()
 
 
 def test_every_rmgate_command_shown_parses():
     runner = CliRunner()
     seen = set()
     for doc, line in bash_lines():
-        for m in re.finditer(r"rmgate ((?:[a-z-]+)(?: (?:stats|export|replay|invalidate))?)",
-                             line):
+        for m in re.finditer(r"rmgate ((?:[a-z-]+)(?: (?:stats|export|replay|invalidate))?)", line):
             words = tuple(m.group(1).split())
             if words in seen:
                 continue
@@ -86,6 +93,12 @@ def test_every_module_script_and_config_shown_exists():
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_the_docs_speak_of_the_project_and_its_users(doc):
     text = doc.read_text(encoding="utf-8").lower()
-    for phrase in ("these machines", "this machine", "measured here", "was not lent",
-                   "../shared", "budget_left"):
+    for phrase in (
+        "these machines",
+        "this machine",
+        "measured here",
+        "was not lent",
+        "../shared",
+        "budget_left",
+    ):
         assert phrase not in text, f"{doc.name}: {phrase!r}"

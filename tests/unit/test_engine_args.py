@@ -11,16 +11,21 @@ import copy
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from deployments.engine import arg_names
-from deployments.engine.arg_names import (EngineArgumentError, UnknownEngineArgument,
-                                          check_engine_args, known_engine_arg_names)
+from deployments.engine.arg_names import (
+    EngineArgumentError,
+    UnknownEngineArgument,
+    check_engine_args,
+    known_engine_arg_names,
+)
 from deployments.engine.args import Platform, PolicyError, plan_engine
 from gateway.core.config.settings import OWNED_ENGINE_ARGS, AppConfig, ModelSpec
 from gateway.serve import topology
@@ -35,15 +40,35 @@ def spec(**kw: Any) -> ModelSpec:
 
 
 def compact(engine_args: dict[str, Any]) -> dict[str, Any]:
-    return {"applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": topology.COMPACT_IMPORT,
-        "args": {"models": [
-            {"name": "rm", "kind": "discriminative", "model_path": "/m/rm", "replicas": 2},
-            {"name": "judge", "kind": "generative", "model_path": "/m/grm",
-             "engine_args": engine_args}]}}]}
+    return {
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": topology.COMPACT_IMPORT,
+                "args": {
+                    "models": [
+                        {
+                            "name": "rm",
+                            "kind": "discriminative",
+                            "model_path": "/m/rm",
+                            "replicas": 2,
+                        },
+                        {
+                            "name": "judge",
+                            "kind": "generative",
+                            "model_path": "/m/grm",
+                            "engine_args": engine_args,
+                        },
+                    ]
+                },
+            }
+        ]
+    }
 
 
 # --- owned names: pure, in ModelSpec ------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(OWNED_ENGINE_ARGS))
 @pytest.mark.parametrize("dashes", [False, True])
@@ -56,16 +81,27 @@ def test_owned_names_refused_in_both_spellings_with_the_reason(name: str, dashes
 
 def test_the_core_owned_names_are_there_with_the_port_reason():
     assert {"model", "served_model_name", "host", "port", "runner"} <= set(OWNED_ENGINE_ARGS)
-    with pytest.raises(ValidationError, match=re.escape(
-            "rmgate sets `port` itself (one engine per slot on a free loopback port)")):
+    with pytest.raises(
+        ValidationError,
+        match=re.escape("rmgate sets `port` itself (one engine per slot on a free loopback port)"),
+    ):
         spec(engine_args={"port": 8001})
 
 
 def test_every_config_path_refuses_them():
     with pytest.raises(ValidationError, match="served_model_name"):
-        AppConfig.model_validate({"models": [{"name": "a", "kind": "generative",
-                                              "model_path": "/x",
-                                              "engine_args": {"served-model-name": "b"}}]})
+        AppConfig.model_validate(
+            {
+                "models": [
+                    {
+                        "name": "a",
+                        "kind": "generative",
+                        "model_path": "/x",
+                        "engine_args": {"served-model-name": "b"},
+                    }
+                ]
+            }
+        )
     with pytest.raises(ValidationError, match="`host` itself"):
         topology.render(compact({"host": "0.0.0.0"}))
 
@@ -85,17 +121,22 @@ def test_plan_engine_never_lets_engine_args_override_owned_options():
     s.engine_args["port"] = 1
     with pytest.raises(PolicyError, match="`port` itself"):
         plan_engine(s, CPU, port=9)
-    raw = ModelSpec.model_construct(name="m", kind="generative", model_path="/x",
-                                    engine_args={"served-model-name": "other"})
+    raw = ModelSpec.model_construct(
+        name="m", kind="generative", model_path="/x", engine_args={"served-model-name": "other"}
+    )
     with pytest.raises(PolicyError, match="served_model_name"):
         plan_engine(raw, H200, port=9)
 
 
 # --- names against the installed vLLM ----------------------------------------------------
 
+
 def test_unknown_name_refused_with_the_closest_known_one():
-    with pytest.raises(UnknownEngineArgument, match=r"`max_model_length` \(did you mean "
-                                                    r"`max_model_len`") as err:
+    with pytest.raises(
+        UnknownEngineArgument,
+        match=r"`max_model_length` \(did you mean "
+        r"`max_model_len`",
+    ) as err:
         check_engine_args(spec(engine_args={"max_model_length": 512, "dtype": "float32"}))
     assert err.value.model == "m" and list(err.value.unknown) == ["max_model_length"]
     assert "max_model_len" in err.value.unknown["max_model_length"]
@@ -104,8 +145,9 @@ def test_unknown_name_refused_with_the_closest_known_one():
 
 def test_several_unknown_names_and_negated_spellings_are_listed():
     with pytest.raises(UnknownEngineArgument) as err:
-        check_engine_args(spec(engine_args={"dtyp": "float32", "no_enable_prefix_caching": True,
-                                            "qqqzzz": 1}))
+        check_engine_args(
+            spec(engine_args={"dtyp": "float32", "no_enable_prefix_caching": True, "qqqzzz": 1})
+        )
     assert set(err.value.unknown) == {"dtyp", "no_enable_prefix_caching", "qqqzzz"}
     assert err.value.unknown["dtyp"][0] == "dtype"
     assert err.value.unknown["no_enable_prefix_caching"] == ["enable_prefix_caching: false"]
@@ -122,8 +164,12 @@ def test_frontend_options_and_everything_rmgate_emits_are_known():
     """The list is the server's parser, not only AsyncEngineArgs: frontend options too.
     And every flag plan_engine itself writes (in every mode) must be one vLLM accepts."""
     known = known_engine_arg_names()
-    assert {"disable_uvicorn_access_log", "attention_backend", "max_model_len",
-            "kv_cache_memory_bytes"} <= known
+    assert {
+        "disable_uvicorn_access_log",
+        "attention_backend",
+        "max_model_len",
+        "kv_cache_memory_bytes",
+    } <= known
     assert "help" not in known and "model_tag" not in known  # no --model-tag flag
     owned_flags = set(OWNED_ENGINE_ARGS) - {"config", "uds", "headless", "grpc"}
     assert owned_flags <= known  # rmgate's own options are real vLLM options
@@ -138,13 +184,16 @@ def test_frontend_options_and_everything_rmgate_emits_are_known():
 def _shipped_models() -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, model dict) of every model in the shipped configs and benchmark configs."""
     files = sorted((REPO / "configs").glob("*.yaml")) + sorted(
-        (REPO / "benchmarks" / "configs").glob("*.yaml"))
+        (REPO / "benchmarks" / "configs").glob("*.yaml")
+    )
     configs = [(str(f.relative_to(REPO)), yaml.safe_load(f.read_text())) for f in files]
     from benchmarks.gpu import bench_gpu
 
     paths = {"generative": Path("/m/grm"), "discriminative": Path("/m/rm")}
-    configs += [(f"bench_gpu.serve_config({d!r})", bench_gpu.serve_config(d, paths))
-                for d in ("cpu", "cuda")]
+    configs += [
+        (f"bench_gpu.serve_config({d!r})", bench_gpu.serve_config(d, paths))
+        for d in ("cpu", "cuda")
+    ]
     for where, cfg in configs:
         for application in cfg["applications"]:
             if application.get("import_path") in {topology.COMPACT_IMPORT}:
@@ -154,9 +203,12 @@ def _shipped_models() -> Iterator[tuple[str, dict[str, Any]]]:
 
 def test_every_shipped_config_uses_known_engine_args():
     found = list(_shipped_models())
-    assert {w for w, _ in found} >= {"configs/gpu.yaml", "configs/demo-cpu.yaml",
-                                     "benchmarks/configs/hops.yaml",
-                                     "bench_gpu.serve_config('cuda')"}
+    assert {w for w, _ in found} >= {
+        "configs/gpu.yaml",
+        "configs/demo-cpu.yaml",
+        "benchmarks/configs/hops.yaml",
+        "bench_gpu.serve_config('cuda')",
+    }
     keys = set()
     for where, raw in found:
         model = ModelSpec.model_validate(raw)  # owned names: none
@@ -187,8 +239,9 @@ def test_rmgate_render_cli_refuses_a_typo(tmp_path: Path):
     assert "max_model_len" in result.output
 
 
-def test_rmgate_serve_refuses_a_typo_before_ray_starts(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch):
+def test_rmgate_serve_refuses_a_typo_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """``rmgate serve`` renders (and so checks) before ``ray.init``: nothing starts."""
     import ray
     from typer.testing import CliRunner
@@ -216,8 +269,10 @@ def test_rmgate_serve_refuses_a_typo_before_ray_starts(tmp_path: Path,
 
 # --- without vLLM: skipped with a warning (these come last: they reset the cache) --------
 
+
 def test_check_skipped_with_a_warning_where_vllm_is_not_importable(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
     monkeypatch.setattr(arg_names, "_CACHE", None)
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     with pytest.raises(ImportError):
@@ -232,7 +287,8 @@ def test_check_skipped_with_a_warning_where_vllm_is_not_importable(
 
 
 def test_check_skipped_with_a_warning_where_vllm_fails_to_import(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
     """vLLM installed but broken (or its parser moved): the child's error, once, cached."""
     monkeypatch.setattr(arg_names, "_CACHE", None)
     monkeypatch.setattr(arg_names, "_PROBE", "raise ImportError('no module named vllm._C')")
@@ -262,12 +318,18 @@ def test_tensor_parallel_slots_get_collectives_that_do_not_follow_the_batch():
     gpu = Platform("cuda", "NVIDIA H200", (9, 0))
     args = {"dtype": "bfloat16", "tensor_parallel_size": 2, "disable_custom_all_reduce": False}
     for mode in ("auto", "serialize", "off"):
-        spec = ModelSpec(name="rm", kind="discriminative", model_path="/m", determinism=mode,
-                         engine_args=args)
+        spec = ModelSpec(
+            name="rm", kind="discriminative", model_path="/m", determinism=mode, engine_args=args
+        )
         plan = plan_engine(spec, gpu, port=9000)
         pinned = all(plan.env.get(k) == v for k, v in TP_DETERMINISM_ENV.items())
         assert pinned == (mode != "off")
         assert ("--disable-custom-all-reduce" in plan.args) == (mode != "off")
-    one = plan_engine(ModelSpec(name="rm", kind="discriminative", model_path="/m",
-                                engine_args={"dtype": "bfloat16"}), gpu, port=9000)
+    one = plan_engine(
+        ModelSpec(
+            name="rm", kind="discriminative", model_path="/m", engine_args={"dtype": "bfloat16"}
+        ),
+        gpu,
+        port=9000,
+    )
     assert "NCCL_ALGO" not in one.env and "--disable-custom-all-reduce" not in one.args

@@ -11,14 +11,18 @@ import socket
 import pytest
 from aiohttp import web
 
-from gateway.core.routing.engine_access import (EngineCallError, EngineConnectionLost, EngineNoAnswer,
-                                    EngineUnreachable, SlotInfo)
-from gateway.transport.engine_client import Http1EngineClient, HandleEngineClient
+from gateway.core.routing.engine_access import (
+    EngineCallError,
+    EngineConnectionLost,
+    EngineNoAnswer,
+    EngineUnreachable,
+    SlotInfo,
+)
+from gateway.transport.engine_client import HandleEngineClient, Http1EngineClient
 
 
 def target(url: str) -> SlotInfo:
-    return SlotInfo(model="rm", slot=0, url=url, fingerprint=None, mode="serialize",
-                    max_inflight=1)
+    return SlotInfo(model="rm", slot=0, url=url, fingerprint=None, mode="serialize", max_inflight=1)
 
 
 def _free_port() -> int:
@@ -46,8 +50,9 @@ async def engine_server():
         body = await request.read()
         seen.append((request.headers["content-type"], body))
         peers.append(request.transport.get_extra_info("peername"))
-        return web.Response(body=b'{"echo": ' + body + b"}", status=200,
-                            content_type="application/json")
+        return web.Response(
+            body=b'{"echo": ' + body + b"}", status=200, content_type="application/json"
+        )
 
     async def slow(request: web.Request) -> web.Response:
         try:
@@ -61,7 +66,7 @@ async def engine_server():
         resp = web.StreamResponse()
         resp.enable_chunked_encoding()
         await resp.prepare(request)
-        for part in (b'{"a":', b' 1', b"}"):
+        for part in (b'{"a":', b" 1", b"}"):
             await resp.write(part)
         await resp.write_eof()
         return resp
@@ -78,9 +83,16 @@ async def engine_server():
         return web.Response(text="never sent")
 
     app = web.Application()
-    app.add_routes([web.post("/echo", echo), web.post("/slow", slow), web.post("/fail", fail),
-                    web.post("/hang_up", hang_up), web.post("/chunked", chunked),
-                    web.post("/close_after", close_after)])
+    app.add_routes(
+        [
+            web.post("/echo", echo),
+            web.post("/slow", slow),
+            web.post("/fail", fail),
+            web.post("/hang_up", hang_up),
+            web.post("/chunked", chunked),
+            web.post("/close_after", close_after),
+        ]
+    )
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     port = _free_port()
@@ -108,8 +120,7 @@ async def test_concurrent_calls_each_get_their_own_answer():
     async with engine_server() as (url, _):
         client = Http1EngineClient()
         bodies = [str(i).encode() for i in range(50)]
-        answers = await asyncio.gather(*(client.post(target(url), "/echo", b, 10)
-                                         for b in bodies))
+        answers = await asyncio.gather(*(client.post(target(url), "/echo", b, 10) for b in bodies))
         assert answers == [(200, b'{"echo": ' + b + b"}") for b in bodies]
         await client.aclose()
 
@@ -226,6 +237,7 @@ class _Forward:
             if isinstance(self.outcome, Exception):
                 raise self.outcome
             return 200, body
+
         return run()
 
 
@@ -234,9 +246,13 @@ class _Handle:
         self.forward = _Forward(outcome)
 
 
-@pytest.mark.parametrize("outcome,error", [
-    ("hang", EngineNoAnswer), (RuntimeError("ActorDiedError: the actor died"), EngineConnectionLost),
-])
+@pytest.mark.parametrize(
+    "outcome,error",
+    [
+        ("hang", EngineNoAnswer),
+        (RuntimeError("ActorDiedError: the actor died"), EngineConnectionLost),
+    ],
+)
 async def test_handle_client_maps_ray_errors_onto_rmgates(outcome, error):
     client = HandleEngineClient({"rm": [_Handle(outcome)]})
     with pytest.raises(error) as err:
@@ -277,7 +293,8 @@ async def test_after_an_engine_restart_no_other_stale_connection_is_tried():
                 self.transport.close()  # the old engine's connections die under a request
                 return
             asyncio.get_running_loop().call_later(
-                0.05, self.transport.write, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                0.05, self.transport.write, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+            )
 
     srv = await asyncio.get_running_loop().create_server(Engine, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"

@@ -16,11 +16,25 @@ from deployments.engine.launcher import pid_alive as _alive
 
 def _launch(tmp_path, ignore_sigterm: bool = False):
     pidfile = tmp_path / "server.pid"
-    server = ("import os, signal, time; "
-              + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignore_sigterm else "")
-              + f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-m", "deployments.engine.launcher", "--grace-s",
-                             "1", "--", sys.executable, "-c", server], start_new_session=True)
+    server = (
+        "import os, signal, time; "
+        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignore_sigterm else "")
+        + f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deployments.engine.launcher",
+            "--grace-s",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            server,
+        ],
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while not (pidfile.exists() and pidfile.read_text()):
         assert time.monotonic() < deadline, "server did not start"

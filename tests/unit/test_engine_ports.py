@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.engine.ports import (PortReservation, ephemeral_range, fixed_port,
-                                      listener_is_ours)
+from deployments.engine.ports import PortReservation, ephemeral_range, fixed_port, listener_is_ours
 
 linux_only = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs /proc/net")
 
@@ -63,11 +62,16 @@ def test_without_a_reservation_bind_zero_gives_a_closed_port_again():
 def test_the_listener_check_tells_our_engine_from_another_program():
     r = PortReservation()
     server = subprocess.Popen(
-        [sys.executable, "-c",
-         "import socket,sys,time\n"
-         "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-         f"s.bind(('127.0.0.1', {r.port})); s.listen(); print('up', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            "import socket,sys,time\n"
+            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('127.0.0.1', {r.port})); s.listen(); print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == b"up"
         r.release()
@@ -90,8 +94,7 @@ def test_fixed_ports_are_below_the_ephemeral_range_and_free():
             s.bind(("0.0.0.0", port))
 
 
-def test_the_engine_start_fails_when_its_port_answers_from_another_program(tmp_path,
-                                                                           monkeypatch):
+def test_the_engine_start_fails_when_its_port_answers_from_another_program(tmp_path, monkeypatch):
     """EngineProcess: /health answers 200 on its port, but from a server outside its
     process group: the start fails with the reason instead of serving that server."""
     from deployments.engine.args import EnginePlan
@@ -99,20 +102,25 @@ def test_the_engine_start_fails_when_its_port_answers_from_another_program(tmp_p
 
     r = PortReservation()
     foreign = subprocess.Popen(
-        [sys.executable, "-c",
-         "import http.server,socketserver\n"
-         "class H(http.server.BaseHTTPRequestHandler):\n"
-         "    def do_GET(self): self.send_response(200); self.end_headers()\n"
-         "    def log_message(self, *a): pass\n"
-         "socketserver.TCPServer.allow_reuse_address = True\n"
-         f"http.server.HTTPServer(('127.0.0.1', {r.port}), H).serve_forever()"],
-        start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            "import http.server,socketserver\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+            "    def log_message(self, *a): pass\n"
+            "socketserver.TCPServer.allow_reuse_address = True\n"
+            f"http.server.HTTPServer(('127.0.0.1', {r.port}), H).serve_forever()",
+        ],
+        start_new_session=True,
+    )
     monkeypatch.setenv("RMGATE_LOG_DIR", str(tmp_path))
     plan = EnginePlan(args=[], env={}, mode="serialize", max_inflight=1)
     engine = EngineProcess(plan, "127.0.0.1", r.port, "foreign-test")
     # our "engine": a process that never listens (it sleeps), in its own group
-    engine.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                   start_new_session=True)
+    engine.proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and listener_is_ours(r.port, foreign.pid) is not True:

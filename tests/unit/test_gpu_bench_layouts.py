@@ -16,8 +16,10 @@ from gateway.core.config.settings import AppConfig
 
 
 def built(layout: bp.Layout) -> dict:
-    return {n: {"path": f"/models/{n}", "weights": models_gpu.shape(n).weights}
-            for n in bp.SIZES[layout.size]}
+    return {
+        n: {"path": f"/models/{n}", "weights": models_gpu.shape(n).weights}
+        for n in bp.SIZES[layout.size]
+    }
 
 
 @pytest.mark.parametrize("name", sorted(bp.LAYOUTS))
@@ -52,14 +54,33 @@ def test_core_layout_has_every_path_for_both_kinds():
 
 
 def test_ratios_and_merge():
-    row = {"rmgate_auto": {"req_per_s": 900.0}, "engine_auto": {"req_per_s": 1000.0},
-           "rmgate_serial": {"req_per_s": 60.0}}
+    row = {
+        "rmgate_auto": {"req_per_s": 900.0},
+        "engine_auto": {"req_per_s": 1000.0},
+        "rmgate_serial": {"req_per_s": 60.0},
+    }
     r = bp.ratios(row)
     assert r == {"rmgate_auto/engine_auto": 0.9, "rmgate_auto/rmgate_serial": 15.0}
-    parts = [{"answers": {0: "a"}, "lat": [0.1], "errors": [], "tokens": 64, "first": 10.0,
-              "last": 11.0, "cpu_s": 0.001},
-             {"answers": {1: "b"}, "lat": [0.3], "errors": ["x"], "tokens": 64, "first": 10.5,
-              "last": 12.0, "cpu_s": 0.003}]
+    parts = [
+        {
+            "answers": {0: "a"},
+            "lat": [0.1],
+            "errors": [],
+            "tokens": 64,
+            "first": 10.0,
+            "last": 11.0,
+            "cpu_s": 0.001,
+        },
+        {
+            "answers": {1: "b"},
+            "lat": [0.3],
+            "errors": ["x"],
+            "tokens": 64,
+            "first": 10.5,
+            "last": 12.0,
+            "cpu_s": 0.003,
+        },
+    ]
     m = loadgen.merge(parts, 3, 2, 2)
     assert m["ok"] == 2 and m["errors"] == 1 and m["seconds"] == 2.0 and m["req_per_s"] == 1.0
     assert m["gen_tok_per_s"] == 64.0 and m["loadgen_cpu_ms_per_req"] == 2.0
@@ -88,17 +109,24 @@ def test_wheel_scanner_tiers():
 
 
 def test_gpu_model_shapes_match_the_real_sizes(tmp_path):
-    params = {s.name: sum(__import__("math").prod(d) for d in models_gpu.tensor_shapes(s).values())
-              for s in __import__("deployments.demo.models", fromlist=["x"]).GPU_MODEL_SHAPES}
+    params = {
+        s.name: sum(__import__("math").prod(d) for d in models_gpu.tensor_shapes(s).values())
+        for s in __import__("deployments.demo.models", fromlist=["x"]).GPU_MODEL_SHAPES
+    }
     assert 0.45e9 < params["grm-0.5b"] < 0.52e9
     assert 1.45e9 < params["grm-1.5b"] < 1.6e9
     assert 7.4e9 < params["grm-7b"] < 7.8e9
     info = models_gpu.build(tmp_path, "rm-7b")  # dummy weights: config and tokenizer only
     assert info["weights"] == "dummy" and not (tmp_path / "rm-7b" / "model.safetensors").exists()
     cfg = json.loads((tmp_path / "rm-7b" / "config.json").read_text())
-    assert cfg["architectures"] == ["Qwen2ForSequenceClassification"] and not cfg["tie_word_embeddings"]
+    assert (
+        cfg["architectures"] == ["Qwen2ForSequenceClassification"]
+        and not cfg["tie_word_embeddings"]
+    )
     vocab = json.loads((tmp_path / "rm-7b" / "tokenizer.json").read_text())["model"]["vocab"]
-    assert len(vocab) == cfg["vocab_size"] == 152064 and sorted(vocab.values()) == list(range(152064))
+    assert len(vocab) == cfg["vocab_size"] == 152064 and sorted(vocab.values()) == list(
+        range(152064)
+    )
 
 
 def test_layouts_that_stand_for_a_config_take_its_settings():
@@ -114,9 +142,14 @@ def test_layouts_that_stand_for_a_config_take_its_settings():
     assert layout.config == "configs/gpu-small.yaml"
     assert layout.ingress_replicas == args["gateway"]["ingress_replicas"]
     cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
-    got = {("grm" if m["kind"] == "generative" else "rm"): m for m in cfg["applications"][0]["args"]["models"]}
-    assert cfg["applications"][0]["args"]["gateway"]["ingress_replicas"] == \
-        args["gateway"]["ingress_replicas"]
+    got = {
+        ("grm" if m["kind"] == "generative" else "rm"): m
+        for m in cfg["applications"][0]["args"]["models"]
+    }
+    assert (
+        cfg["applications"][0]["args"]["gateway"]["ingress_replicas"]
+        == args["gateway"]["ingress_replicas"]
+    )
     for kind, m in want.items():
         assert got[kind]["replicas"] == m["replicas"]
         assert got[kind]["engine_args"] == m["engine_args"]
@@ -127,10 +160,14 @@ def test_layouts_that_stand_for_a_config_take_its_settings():
     models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
     base = models["rm-auto"]
     assert {k: v for k, v in base["engine_args"].items() if k != "kv_cache_memory_bytes"} == {
-        k: v for k, v in want["rm"]["engine_args"].items() if k != "kv_cache_memory_bytes"}
+        k: v for k, v in want["rm"]["engine_args"].items() if k != "kv_cache_memory_bytes"
+    }
     for name, m in models.items():
-        changed = {k for k in set(m["engine_args"]) | set(base["engine_args"])
-                   if m["engine_args"].get(k) != base["engine_args"].get(k)}
+        changed = {
+            k
+            for k in set(m["engine_args"]) | set(base["engine_args"])
+            if m["engine_args"].get(k) != base["engine_args"].get(k)
+        }
         changed |= {k for k in ("replicas", "determinism") if m[k] != base[k]}
         assert len(changed) == (0 if name == "rm-auto" else 1), (name, changed)
     assert next(p for p, _ in sweep.phases) == "framework"

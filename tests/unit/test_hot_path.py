@@ -16,20 +16,23 @@ from tests.unit.test_ingress import CONFIG, FakeTransport
 
 def clients(**gateway_settings) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
     """(through FastAPI alone, through the hot path) over one gateway."""
-    cfg = AppConfig.model_validate({**CONFIG, "gateway": {**CONFIG["gateway"],
-                                                          **gateway_settings}})
+    cfg = AppConfig.model_validate({**CONFIG, "gateway": {**CONFIG["gateway"], **gateway_settings}})
     app = create_app(RewardService(cfg, FakeTransport()))
-    return (httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw"),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=HotPath(app)),
-                              base_url="http://gw"))
+    return (
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw"),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=HotPath(app)), base_url="http://gw"),
+    )
 
 
 CASES = [
     ("/classify", {"model": "rm", "input": "2+3=5"}, {}),
     ("/classify", {"model": "rm", "input": ["a", "bb", "ccc"]}, {}),
     ("/pooling", {"model": "rm", "input": "2+3=5"}, {}),
-    ("/v1/chat/completions", {"model": "judge", "seed": 3,
-                              "messages": [{"role": "user", "content": "hi"}]}, {}),
+    (
+        "/v1/chat/completions",
+        {"model": "judge", "seed": 3, "messages": [{"role": "user", "content": "hi"}]},
+        {},
+    ),
     ("/v1/completions", {"model": "judge", "prompt": "hi", "seed": 1}, {}),
     ("/v1/embeddings", {"model": "rm", "input": "2+3=5"}, {}),
     ("/v1/rewards", {"model": "judge", "items": [{"prompt": "2+3=", "response": "5"}]}, {}),
@@ -64,8 +67,11 @@ async def test_the_hot_path_checks_api_keys_as_fastapi_does(monkeypatch):
         assert (await c.post("/classify", json=body)).status_code == 401
         bad = await c.post("/v1/rewards", json=body, headers={"Authorization": "Bearer nope"})
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
-        for headers in ({"Authorization": "Bearer k1"}, {"authorization": "bearer k2"},
-                        {"X-Api-Key": "k1"}):
+        for headers in (
+            {"Authorization": "Bearer k1"},
+            {"authorization": "bearer k2"},
+            {"X-Api-Key": "k1"},
+        ):
             assert (await c.post("/classify", json=body, headers=headers)).status_code == 200
         # the key in the path (verl, OpenRLHF) goes through FastAPI's routes
         assert (await c.post("/keys/k2/classify", json=body)).status_code == 200
@@ -83,8 +89,14 @@ async def test_everything_else_goes_to_fastapi():
 
 def test_every_scoring_endpoint_of_the_app_is_on_the_hot_path():
     app = create_app(RewardService(AppConfig.model_validate(CONFIG), FakeTransport()))
-    posts = {r.path for r in app.routes if "POST" in getattr(r, "methods", ())
-             and not r.path.startswith("/keys/") and not r.path.startswith("/v1/ledger")}
+    posts = {
+        r.path
+        for r in app.routes
+        if "POST" in getattr(r, "methods", ())
+        and not r.path.startswith("/keys/")
+        and not r.path.startswith("/v1/ledger")
+    }
     assert posts - {"/admin/slots"} <= set(hot_routes()) | {
-        p for p in posts if p.startswith("/admin")}
+        p for p in posts if p.startswith("/admin")
+    }
     assert set(hot_routes()) <= posts

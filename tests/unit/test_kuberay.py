@@ -23,8 +23,9 @@ def _manifest() -> dict:
 
 def _containers(manifest: dict) -> dict[str, dict]:
     cluster = manifest["spec"]["rayClusterConfig"]
-    pods = [cluster["headGroupSpec"]["template"]] + [g["template"]
-                                                      for g in cluster["workerGroupSpecs"]]
+    pods = [cluster["headGroupSpec"]["template"]] + [
+        g["template"] for g in cluster["workerGroupSpecs"]
+    ]
     return {c["name"]: c for pod in pods for c in pod["spec"]["containers"]}
 
 
@@ -40,8 +41,9 @@ def test_its_serve_config_is_rmgate_renders_with_cluster_http_options():
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
     serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
-    assert serve["applications"] == \
-        topology.with_engines_on_node_addresses(rendered)["applications"]
+    assert (
+        serve["applications"] == topology.with_engines_on_node_addresses(rendered)["applications"]
+    )
     slots = [a for a in serve["applications"] if a["import_path"] in {topology.SLOT_IMPORT}]
     assert slots and all(a["args"]["spec"]["engine_host"] == "node" for a in slots)
     assert serve["http_options"] == {"host": "0.0.0.0", "port": 8000}
@@ -53,7 +55,9 @@ def test_images_ports_probes_and_versions_agree_with_docker_and_pyproject():
     exposed = int(re.search(r"^EXPOSE (\d+)", dockerfile, re.M).group(1))
     assert '"--port", "8000"' in dockerfile and exposed == kuberay.SERVE_PORT
     assert "-t rmgate:gpu" in (ROOT / "docker" / "README.md").read_text()
-    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["server"]
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "server"
+    ]
     assert f"ray[serve]=={kuberay.RAY_VERSION}" in pins
     assert f'"ray[serve]=={kuberay.RAY_VERSION}"' in dockerfile
     manifest = _manifest()
@@ -80,8 +84,9 @@ def test_render_cluster_is_the_serve_deploy_config_of_a_multi_node_cluster(tmp_p
     from gateway.cli.main import app
 
     out = tmp_path / "cluster.yaml"
-    result = CliRunner().invoke(app, ["render", str(ROOT / "configs" / "gpu.yaml"),
-                                      "--cluster", "-o", str(out)])
+    result = CliRunner().invoke(
+        app, ["render", str(ROOT / "configs" / "gpu.yaml"), "--cluster", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     rendered = render(load_serve_config(ROOT / "configs" / "gpu.yaml"))
     assert yaml.safe_load(out.read_text()) == kuberay.cluster_serve_config(rendered)

@@ -41,54 +41,140 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-HEAVY = {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "prometheus_client",
-         "vllm", "torch", "transformers", "typer", "httptools", "psycopg", "yaml",
-         "pebble", "safetensors", "socket", "subprocess", "sqlite3", "urllib", "http",
-         "tests", "benchmarks"}
+HEAVY = {
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "ray",
+    "aiohttp",
+    "httpx",
+    "prometheus_client",
+    "vllm",
+    "torch",
+    "transformers",
+    "typer",
+    "httptools",
+    "psycopg",
+    "yaml",
+    "pebble",
+    "safetensors",
+    "socket",
+    "subprocess",
+    "sqlite3",
+    "urllib",
+    "http",
+    "tests",
+    "benchmarks",
+}
 #: Nothing below the test and benchmark code imports it.
 NEVER = {"tests", "benchmarks"}
 
 #: The pure core's subpackages, bottom to top: each may import the ones before it.
-CORE = ["gateway.core.api", "gateway.core.config", "gateway.core.ledger_policy",
-        "gateway.core.routing", "gateway.core.vllm_api", "gateway.core.scoring",
-        "gateway.core.service"]
+CORE = [
+    "gateway.core.api",
+    "gateway.core.config",
+    "gateway.core.ledger_policy",
+    "gateway.core.routing",
+    "gateway.core.vllm_api",
+    "gateway.core.scoring",
+    "gateway.core.service",
+]
 ALL_CORE = set(CORE)
 
 #: layer -> (allowed project layers, forbidden third-party top-level packages)
 RULES: dict[str, tuple[set[str], set[str]]] = {
     **{layer: (set(CORE[:i]), HEAVY) for i, layer in enumerate(CORE)},
     "gateway.observability": (ALL_CORE, HEAVY - {"prometheus_client"}),
-    "gateway.transport": (ALL_CORE | {"gateway.observability"},
-                          {"fastapi", "starlette", "uvicorn", "ray", "vllm", "torch", "typer"}
-                          | NEVER),
-    "gateway.ledger": (ALL_CORE | {"gateway.observability"},
-                       {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm",
-                        "torch", "typer"} | NEVER),
-    "gateway.rules": (ALL_CORE,
-                      {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm",
-                       "torch", "transformers", "typer"} | NEVER),
-    "gateway.http": (ALL_CORE | {"gateway.observability"},
-                     {"ray", "aiohttp", "httpx", "vllm", "torch", "typer"} | NEVER),
-    "gateway.client": (ALL_CORE,
-                       {"fastapi", "starlette", "uvicorn", "ray", "aiohttp",
-                        "prometheus_client", "vllm", "torch", "transformers", "typer"} | NEVER),
-    "deployments.engine": (ALL_CORE,
-                           {"fastapi", "starlette", "ray", "aiohttp", "prometheus_client",
-                            "typer"} | NEVER),
-    "deployments.demo": ({"deployments.engine"},
-                         {"fastapi", "starlette", "ray", "aiohttp", "prometheus_client", "httpx",
-                          "typer"} | NEVER),
-    "deployments.slot": (ALL_CORE | {"deployments.engine"},
-                         {"fastapi", "aiohttp", "prometheus_client", "typer"} | NEVER),
-    "gateway.serve": (ALL_CORE | {"gateway.observability", "gateway.transport",
-                                  "gateway.ledger", "gateway.rules", "gateway.http",
-                                  "deployments.engine", "deployments.slot"}, {"typer"} | NEVER),
-    "gateway.cli": (ALL_CORE | {"gateway.observability", "gateway.transport",
-                                "gateway.ledger", "gateway.rules", "gateway.http",
-                                "gateway.serve", "gateway.client", "deployments.engine",
-                                "deployments.slot", "deployments.demo"}, NEVER),
-    "gateway.harness": (ALL_CORE | {"deployments.engine"},
-                        {"vllm", "torch", "transformers", "typer", "pytest"} | NEVER),
+    "gateway.transport": (
+        ALL_CORE | {"gateway.observability"},
+        {"fastapi", "starlette", "uvicorn", "ray", "vllm", "torch", "typer"} | NEVER,
+    ),
+    "gateway.ledger": (
+        ALL_CORE | {"gateway.observability"},
+        {"fastapi", "starlette", "uvicorn", "ray", "aiohttp", "httpx", "vllm", "torch", "typer"}
+        | NEVER,
+    ),
+    "gateway.rules": (
+        ALL_CORE,
+        {
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "ray",
+            "aiohttp",
+            "httpx",
+            "vllm",
+            "torch",
+            "transformers",
+            "typer",
+        }
+        | NEVER,
+    ),
+    "gateway.http": (
+        ALL_CORE | {"gateway.observability"},
+        {"ray", "aiohttp", "httpx", "vllm", "torch", "typer"} | NEVER,
+    ),
+    "gateway.client": (
+        ALL_CORE,
+        {
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "ray",
+            "aiohttp",
+            "prometheus_client",
+            "vllm",
+            "torch",
+            "transformers",
+            "typer",
+        }
+        | NEVER,
+    ),
+    "deployments.engine": (
+        ALL_CORE,
+        {"fastapi", "starlette", "ray", "aiohttp", "prometheus_client", "typer"} | NEVER,
+    ),
+    "deployments.demo": (
+        {"deployments.engine"},
+        {"fastapi", "starlette", "ray", "aiohttp", "prometheus_client", "httpx", "typer"} | NEVER,
+    ),
+    "deployments.slot": (
+        ALL_CORE | {"deployments.engine"},
+        {"fastapi", "aiohttp", "prometheus_client", "typer"} | NEVER,
+    ),
+    "gateway.serve": (
+        ALL_CORE
+        | {
+            "gateway.observability",
+            "gateway.transport",
+            "gateway.ledger",
+            "gateway.rules",
+            "gateway.http",
+            "deployments.engine",
+            "deployments.slot",
+        },
+        {"typer"} | NEVER,
+    ),
+    "gateway.cli": (
+        ALL_CORE
+        | {
+            "gateway.observability",
+            "gateway.transport",
+            "gateway.ledger",
+            "gateway.rules",
+            "gateway.http",
+            "gateway.serve",
+            "gateway.client",
+            "deployments.engine",
+            "deployments.slot",
+            "deployments.demo",
+        },
+        NEVER,
+    ),
+    "gateway.harness": (
+        ALL_CORE | {"deployments.engine"},
+        {"vllm", "torch", "transformers", "typer", "pytest"} | NEVER,
+    ),
 }
 PACKAGE_INITS = {"gateway", "deployments", "gateway.core"}
 
@@ -140,15 +226,15 @@ def violations(root: Path) -> list[str]:
             for line, name in imports_of(path, module):
                 top_name = name.split(".")[0]
                 if top_name in forbidden:
-                    out.append(f"{module}:{line} imports {name} ({layer} must not use "
-                               f"{top_name})")
+                    out.append(f"{module}:{line} imports {name} ({layer} must not use {top_name})")
                 if top_name in ("gateway", "deployments"):
                     target = layer_of(name)
                     if target is None and name in PACKAGE_INITS:
                         continue
                     if target is not None and target != layer and target not in allowed:
-                        out.append(f"{module}:{line} imports {name} ({layer} must not import "
-                                   f"{target})")
+                        out.append(
+                            f"{module}:{line} imports {name} ({layer} must not import {target})"
+                        )
     return out
 
 
@@ -164,7 +250,8 @@ def test_the_checker_catches_a_core_that_imports_fastapi(tmp_path):
     (tmp_path / "gateway/__init__.py").write_text("")
     (tmp_path / "deployments/__init__.py").write_text("")
     (tmp_path / "gateway/core/routing/bad.py").write_text(
-        "def f():\n    from fastapi import FastAPI\n")
+        "def f():\n    from fastapi import FastAPI\n"
+    )
     (tmp_path / "gateway/client/bad.py").write_text("from ..serve import app\n")
     (tmp_path / "deployments/engine/bad.py").write_text("import gateway.http.app\n")
     found = violations(tmp_path)
@@ -182,8 +269,11 @@ def test_every_layer_exists(layer):
 def import_graph(root: Path) -> dict[str, set[str]]:
     """module -> the project modules it imports (``from a import b`` counts ``a.b`` when
     that is a module, else ``a``)."""
-    modules = {module_name(path, root): path for top in ("gateway", "deployments")
-               for path in (root / top).rglob("*.py")}
+    modules = {
+        module_name(path, root): path
+        for top in ("gateway", "deployments")
+        for path in (root / top).rglob("*.py")
+    }
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         targets = set()

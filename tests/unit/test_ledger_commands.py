@@ -21,9 +21,23 @@ from gateway.ledger.writer import LedgerWriter
 
 def row(i: int, model: str = "rm", cls: str = "A", at: float | None = None) -> LedgerRow:
     answer = json.dumps({"data": [{"index": 0, "probs": [i / 10]}]}).encode()
-    return LedgerRow(f"{i:064x}", model, cls, "/classify", "d" * 64,
-                     json.dumps({"model": model, "input": f"x{i}"}).encode(), answer, 200,
-                     None, None, i % 2, "fp", None, 0.01, at if at is not None else time.time())
+    return LedgerRow(
+        f"{i:064x}",
+        model,
+        cls,
+        "/classify",
+        "d" * 64,
+        json.dumps({"model": model, "input": f"x{i}"}).encode(),
+        answer,
+        200,
+        None,
+        None,
+        i % 2,
+        "fp",
+        None,
+        0.01,
+        at if at is not None else time.time(),
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -67,13 +81,16 @@ def test_a_newer_schema_is_refused(store):
     else:
         store._run("INSERT INTO rmgate_schema (version) VALUES (99)")
         from gateway.ledger.postgres_store import PostgresLedger
+
         with pytest.raises(LedgerTooNew, match="schema version 99"):
             PostgresLedger(store.dsn_or_path)
 
 
 def test_the_commands_read_stats_export_and_invalidate(store, tmp_path):
-    store.write([row(i, model="rm" if i < 6 else "judge") for i in range(8)],
-                {("rm", "A", "hit"): 3, ("rm", "A", "miss"): 1})
+    store.write(
+        [row(i, model="rm" if i < 6 else "judge") for i in range(8)],
+        {("rm", "A", "hit"): 3, ("rm", "A", "miss"): 1},
+    )
     db = ["--db", store.dsn_or_path]
     runner = CliRunner()
     stats = runner.invoke(app, ["ledger", "stats", *db, "--json"])
@@ -89,6 +106,7 @@ def test_the_commands_read_stats_export_and_invalidate(store, tmp_path):
     done = runner.invoke(app, ["ledger", "export", str(parquet), "--format", "parquet", *db])
     assert done.exit_code == 0, done.output
     import pyarrow.parquet as pq
+
     assert pq.read_table(parquet).num_rows == 8
     gone = runner.invoke(app, ["ledger", "invalidate", "--model", "judge", *db])
     assert gone.exit_code == 0 and "2 rows of judge" in gone.output, gone.output

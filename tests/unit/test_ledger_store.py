@@ -25,12 +25,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 def row(i: int, answer: bytes | None = None) -> LedgerRow:
     body = f'{{"input":"{i}","model":"rm"}}'.encode()
-    return LedgerRow(identity=reward_identity("rm", "c1", "/classify", body), model="rm",
-                     numerics_class="c1", endpoint="/classify",
-                     body_digest=hashlib.sha256(body).hexdigest(), body=body,
-                     answer=answer or f'{{"data":[{{"probs":[{i}.5]}}]}}'.encode(),
-                     status=200, score=i + 0.5, text=None, slot=i % 2, fingerprint="fp",
-                     seed=None, latency_s=0.01, recorded_at=time.time())
+    return LedgerRow(
+        identity=reward_identity("rm", "c1", "/classify", body),
+        model="rm",
+        numerics_class="c1",
+        endpoint="/classify",
+        body_digest=hashlib.sha256(body).hexdigest(),
+        body=body,
+        answer=answer or f'{{"data":[{{"probs":[{i}.5]}}]}}'.encode(),
+        status=200,
+        score=i + 0.5,
+        text=None,
+        slot=i % 2,
+        fingerprint="fp",
+        seed=None,
+        latency_s=0.01,
+        recorded_at=time.time(),
+    )
 
 
 def test_rows_round_trip_and_the_first_answer_of_an_identity_stays(tmp_path):
@@ -79,8 +90,9 @@ class FlakyStore:
 
 async def test_a_store_that_is_down_keeps_rows_in_order_until_it_returns():
     store = FlakyStore()
-    writer = LedgerWriter(store, max_buffered=1000, batch_rows=8, flush_interval_s=0.01,
-                          retry_s=0.01)
+    writer = LedgerWriter(
+        store, max_buffered=1000, batch_rows=8, flush_interval_s=0.01, retry_s=0.01
+    )
     writer.start()
     rows = [row(i) for i in range(50)]
     for r in rows:
@@ -97,8 +109,7 @@ async def test_a_store_that_is_down_keeps_rows_in_order_until_it_returns():
 
 async def test_a_full_buffer_drops_and_counts_never_blocks():
     store = FlakyStore()
-    writer = LedgerWriter(store, max_buffered=10, batch_rows=4, flush_interval_s=0.01,
-                          retry_s=0.01)
+    writer = LedgerWriter(store, max_buffered=10, batch_rows=4, flush_interval_s=0.01, retry_s=0.01)
     start = time.monotonic()
     for i in range(25):
         writer.record(row(i))
@@ -145,8 +156,12 @@ asyncio.run(main())
 
 def test_kill_9_under_load_leaves_a_sound_database_with_every_flushed_row(tmp_path):
     path = tmp_path / "ledger.sqlite"
-    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(path), str(REPO)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHER, str(path), str(REPO)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.stdout is not None
     written = 0
     for line in proc.stdout:
@@ -206,8 +221,9 @@ async def test_rows_being_written_count_toward_the_bound():
         def close(self):
             pass
 
-    writer = LedgerWriter(SlowDown(), max_buffered=10, batch_rows=8, flush_interval_s=0.01,
-                          retry_s=0.01)
+    writer = LedgerWriter(
+        SlowDown(), max_buffered=10, batch_rows=8, flush_interval_s=0.01, retry_s=0.01
+    )
     for i in range(6):
         writer.record(row(i))
     flushing = asyncio.create_task(writer.flush())

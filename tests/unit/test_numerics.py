@@ -14,8 +14,15 @@ CPU = Platform("cpu", "cpu")
 
 
 def spec(**kw) -> ModelSpec:
-    return ModelSpec(**{"name": "rm", "kind": "discriminative", "model_path": "/m",
-                        "engine_args": {"dtype": "float32", "max_model_len": 512}, **kw})
+    return ModelSpec(
+        **{
+            "name": "rm",
+            "kind": "discriminative",
+            "model_path": "/m",
+            "engine_args": {"dtype": "float32", "max_model_len": 512},
+            **kw,
+        }
+    )
 
 
 def identity(s: ModelSpec, slot: int = 0) -> dict:
@@ -47,8 +54,14 @@ def test_omp_threads_counts_bound_cores():
 def _engine(scale: float):
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        return httpx.Response(200, json={"id": f"x-{id(body)}", "data": [
-            {"index": 0, "probs": [len(body["input"]) * scale]}]})
+        return httpx.Response(
+            200,
+            json={
+                "id": f"x-{id(body)}",
+                "data": [{"index": 0, "probs": [len(body["input"]) * scale]}],
+            },
+        )
+
     return httpx.MockTransport(handler)
 
 
@@ -82,14 +95,29 @@ def test_tensor_parallel_size_is_part_of_the_identity():
 def _judge_with_context(max_model_len: int):
     """A judge engine that refuses prompts beyond its context, as vLLM does (400): the
     demo's byte-level tokenizer gives one token per character, plus ~30 template tokens."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         prompt = len(body["messages"][0]["content"]) + 30
         if prompt + body["max_tokens"] > max_model_len:
             return httpx.Response(400, json={"error": {"message": "maximum context length"}})
-        return httpx.Response(200, json={"id": "x", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": "7"}, "finish_reason": "length",
-            "logprobs": {"content": [{"token": "7", "logprob": -0.5, "top_logprobs": []}]}}]})
+        return httpx.Response(
+            200,
+            json={
+                "id": "x",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "7"},
+                        "finish_reason": "length",
+                        "logprobs": {
+                            "content": [{"token": "7", "logprob": -0.5, "top_logprobs": []}]
+                        },
+                    }
+                ],
+            },
+        )
+
     return httpx.MockTransport(handler)
 
 
@@ -103,7 +131,9 @@ def test_the_probes_fit_the_models_context():
     assert 8 <= len(short) < len(PROBE_TEXTS) and all(len(t) + 80 <= 512 for t in short)
     assert probe_texts("generative", 4096) == PROBE_TEXTS
     assert probe_texts("generative", 40) == PROBE_TEXTS[:8]  # one-character probes
-    assert len(probe_requests("discriminative", "rm", 512)) == len(probe_texts("discriminative", 512))
+    assert len(probe_requests("discriminative", "rm", 512)) == len(
+        probe_texts("discriminative", 512)
+    )
     engine = _judge_with_context(512)
     try:  # the negative control: the whole set against that engine fails
         probe_digest("http://e", "generative", "judge", transport=engine)
@@ -116,11 +146,18 @@ def test_the_probes_fit_the_models_context():
 def test_a_judge_at_512_tokens_gets_a_class(monkeypatch):
     import deployments.engine.numerics as numerics
 
-    s = ModelSpec(name="judge", kind="generative", model_path="/m",
-                  engine_args={"dtype": "float32", "max_model_len": 512})
+    s = ModelSpec(
+        name="judge",
+        kind="generative",
+        model_path="/m",
+        engine_args={"dtype": "float32", "max_model_len": 512},
+    )
     plan = plan_engine(s, CPU, port=9, slot=0)
     real = numerics.probe_digest
-    monkeypatch.setattr(numerics, "probe_digest", lambda *a, **kw: real(
-        *a, **kw, transport=_judge_with_context(512)))
+    monkeypatch.setattr(
+        numerics,
+        "probe_digest",
+        lambda *a, **kw: real(*a, **kw, transport=_judge_with_context(512)),
+    )
     out = slot_numerics(s, plan, CPU, "digest", "http://e")
     assert out["class_id"] is not None and "error" not in out, out

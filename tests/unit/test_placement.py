@@ -88,14 +88,17 @@ def test_unknown_or_lonely_classes_fall_back_to_pinned():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 20), min_size=2, max_size=8),
-       st.floats(1.0, 3.0))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(st.integers(0, 20), min_size=2, max_size=8),
+    st.floats(1.0, 3.0),
+)
 def test_bounded_load_properties(key, loads, c):
     n = len(loads)
     load = dict(enumerate(loads))
     p = place_in_class(key, ModelClasses(("A",) * n), load, **{**KW, "load_bound": c})
     members = [s for s, _ in p.candidates]
-    assert sorted(members) == list(range(n))           # every mate, once
+    assert sorted(members) == list(range(n))  # every mate, once
     total = sum(loads)
     capacity = max(1, math.ceil(c * (total + 1) / n))  # the documented bound, as written
     under = [s for s in slot_ranking(key, n) if load[s] < capacity]
@@ -129,8 +132,11 @@ def test_an_idle_slow_slot_still_takes_its_own_keys():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 20), min_size=2, max_size=8),
-       st.floats(0.001, 10.0))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(st.integers(0, 20), min_size=2, max_size=8),
+    st.floats(0.001, 10.0),
+)
 def test_equal_answer_times_are_plain_bounded_load(key, loads, seconds):
     load = dict(enumerate(loads))
     members = slot_ranking(key, len(loads))
@@ -155,8 +161,7 @@ def test_a_slow_mate_keeps_its_free_place_until_the_fast_mates_queue_is_as_deep_
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 8), min_size=1, max_size=6), st.integers(0, 50),
-       st.data())
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=6), st.integers(0, 50), st.data())
 def test_counted_by_requests_a_free_place_always_takes_a_class_waiter(inflight, queued, data):
     """``load_weight: count`` (no answer times) or equal times: the rule never keeps a free
     place from a waiter whose mates are at least as full (what the class queue did before)."""

@@ -9,8 +9,8 @@ import pytest
 
 from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
 from gateway.core.config.settings import AppConfig, ModelSpec
-from gateway.http.app import create_app
 from gateway.core.service import RewardService
+from gateway.http.app import create_app
 from tests.unit.test_ingress import CHAT, FakeTransport
 
 CPU = Platform("cpu", "cpu")
@@ -22,11 +22,16 @@ def spec(**kw) -> ModelSpec:
     return ModelSpec(**{"name": "m", "kind": "discriminative", "model_path": "/x", **kw})
 
 
-@pytest.mark.parametrize("platform,kind,expected", [
-    (CPU, "generative", "serialize"), (CPU, "discriminative", "serialize"),
-    (H200, "generative", "batch_invariant"), (H200, "discriminative", "batch_invariant"),
-    (T4, "generative", "serialize"),
-])
+@pytest.mark.parametrize(
+    "platform,kind,expected",
+    [
+        (CPU, "generative", "serialize"),
+        (CPU, "discriminative", "serialize"),
+        (H200, "generative", "batch_invariant"),
+        (H200, "discriminative", "batch_invariant"),
+        (T4, "generative", "serialize"),
+    ],
+)
 def test_auto_resolves_per_platform(platform, kind, expected):
     assert resolve_mode(spec(kind=kind), platform) == expected
 
@@ -48,9 +53,18 @@ def _args(plan) -> dict:
 
 
 def test_serialize_runs_one_sequence_without_prefix_cache_even_if_asked_otherwise():
-    plan = plan_engine(spec(engine_args={"max_num_seqs": 64, "enable_prefix_caching": True,
-                                         "max_num_batched_tokens": 16, "dtype": "float32"}),
-                       CPU, port=9)
+    plan = plan_engine(
+        spec(
+            engine_args={
+                "max_num_seqs": 64,
+                "enable_prefix_caching": True,
+                "max_num_batched_tokens": 16,
+                "dtype": "float32",
+            }
+        ),
+        CPU,
+        port=9,
+    )
     args = _args(plan)
     assert args["max-num-seqs"] == "1" and "no-enable-prefix-caching" in args
     assert "enable-prefix-caching" not in args
@@ -75,8 +89,11 @@ def test_off_keeps_vllm_defaults():
 
 
 async def _chat(policy: str, body: dict) -> httpx.Response:
-    cfg = AppConfig(models=[{"name": "judge", "kind": "generative", "model_path": "/x",
-                             "seed": {"policy": policy}}])
+    cfg = AppConfig(
+        models=[
+            {"name": "judge", "kind": "generative", "model_path": "/x", "seed": {"policy": policy}}
+        ]
+    )
     transport = FakeTransport()
     app = create_app(RewardService(cfg, transport))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as c:
@@ -98,8 +115,16 @@ async def test_seed_policy_passthrough_sends_no_seed():
 
 async def test_seed_base_changes_derived_seed():
     a = await _chat("derive", CHAT)
-    cfg_b = AppConfig(models=[{"name": "judge", "kind": "generative", "model_path": "/x",
-                               "seed": {"policy": "derive", "base": 7}}])
+    cfg_b = AppConfig(
+        models=[
+            {
+                "name": "judge",
+                "kind": "generative",
+                "model_path": "/x",
+                "seed": {"policy": "derive", "base": 7},
+            }
+        ]
+    )
     t = FakeTransport()
     gw = RewardService(cfg_b, t)
     await gw.chat_completions(json.dumps(CHAT).encode())
@@ -107,9 +132,14 @@ async def test_seed_base_changes_derived_seed():
 
 
 def test_model_required_when_several_of_a_kind():
-    cfg = AppConfig(models=[{"name": "a", "kind": "discriminative", "model_path": "/x"},
-                            {"name": "b", "kind": "discriminative", "model_path": "/x"}])
+    cfg = AppConfig(
+        models=[
+            {"name": "a", "kind": "discriminative", "model_path": "/x"},
+            {"name": "b", "kind": "discriminative", "model_path": "/x"},
+        ]
+    )
     from gateway.core.api.errors import RmgateError
+
     with pytest.raises(RmgateError) as err:
         RewardService(cfg, FakeTransport()).resolve_model(None, "discriminative")
     assert err.value.status == 400
@@ -135,8 +165,13 @@ def test_cpu_slots_get_their_own_cores_by_slot_index_only():
     plan = plan_engine(spec(cpu_cores_per_slot=1), CPU, port=9, slot=0)
     assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == str(first)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in plan_engine(spec(), CPU, port=9).env
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in plan_engine(spec(cpu_cores_per_slot=1), H200,
-                                                          port=9).env
-    mine = plan_engine(spec(cpu_cores_per_slot=1, engine_env={"VLLM_CPU_OMP_THREADS_BIND": host}),
-                       CPU, port=9, slot=1)
+    assert (
+        "VLLM_CPU_OMP_THREADS_BIND" not in plan_engine(spec(cpu_cores_per_slot=1), H200, port=9).env
+    )
+    mine = plan_engine(
+        spec(cpu_cores_per_slot=1, engine_env={"VLLM_CPU_OMP_THREADS_BIND": host}),
+        CPU,
+        port=9,
+        slot=1,
+    )
     assert mine.env["VLLM_CPU_OMP_THREADS_BIND"] == host

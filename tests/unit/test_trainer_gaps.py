@@ -21,12 +21,15 @@ from tests.unit.test_ops import make_client
 
 def _client(cfg: dict, transport: FakeTransport) -> httpx.AsyncClient:
     gw = RewardService(AppConfig.model_validate(cfg), transport)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gw)),
-                             base_url="http://gw")
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(gw)), base_url="http://gw"
+    )
 
 
-ALIASED = {**CONFIG, "models": [{**CONFIG["models"][0], "aliases": ["Org/Judge-7B"]},
-                                CONFIG["models"][1]]}
+ALIASED = {
+    **CONFIG,
+    "models": [{**CONFIG["models"][0], "aliases": ["Org/Judge-7B"]}, CONFIG["models"][1]],
+}
 
 
 async def test_aliases_path_and_basename_are_the_same_request():
@@ -46,13 +49,19 @@ async def test_aliases_path_and_basename_are_the_same_request():
 
 
 def test_an_alias_taken_twice_is_refused():
-    cfg = {**CONFIG, "models": [{**CONFIG["models"][0], "aliases": ["x"]},
-                                {**CONFIG["models"][1], "aliases": ["x"]}]}
+    cfg = {
+        **CONFIG,
+        "models": [
+            {**CONFIG["models"][0], "aliases": ["x"]},
+            {**CONFIG["models"][1], "aliases": ["x"]},
+        ],
+    }
     with pytest.raises(ValueError, match="alias 'x'"):
         AppConfig.model_validate(cfg)
     with pytest.raises(ValueError, match="alias 'rm'"):
-        AppConfig.model_validate({**CONFIG, "models": [{**CONFIG["models"][0], "aliases": ["rm"]},
-                                                       CONFIG["models"][1]]})
+        AppConfig.model_validate(
+            {**CONFIG, "models": [{**CONFIG["models"][0], "aliases": ["rm"]}, CONFIG["models"][1]]}
+        )
 
 
 async def test_models_entries_parse_as_openai_models():
@@ -69,10 +78,12 @@ async def test_embeddings_are_the_classify_logits_of_the_same_request(encoding):
     """verl's SGLang reward path reads data[-1].embedding[-1] of /v1/embeddings."""
     transport = FakeTransport()
     async with _client(CONFIG, transport) as c:
-        emb = await c.post("/v1/embeddings", json={"model": "rm", "input": "abc",
-                                                   "encoding_format": encoding})
-        cls = await c.post("/classify", json={"model": "rm", "input": "abc",
-                                              "use_activation": False})
+        emb = await c.post(
+            "/v1/embeddings", json={"model": "rm", "input": "abc", "encoding_format": encoding}
+        )
+        cls = await c.post(
+            "/classify", json={"model": "rm", "input": "abc", "use_activation": False}
+        )
     assert emb.status_code == 200, emb.text
     assert emb.headers["x-rmgate-key"] == cls.headers["x-rmgate-key"]
     vector = emb.json()["data"][-1]["embedding"]
@@ -86,11 +97,13 @@ async def test_embeddings_are_the_classify_logits_of_the_same_request(encoding):
 
 async def test_embeddings_errors_are_clear():
     async with _client(CONFIG, FakeTransport()) as c:
-        assert (await c.post("/v1/embeddings", json={"model": "judge", "input": "a"})
-                ).status_code == 400  # a GRM has no embeddings here
+        assert (
+            await c.post("/v1/embeddings", json={"model": "judge", "input": "a"})
+        ).status_code == 400  # a GRM has no embeddings here
         assert (await c.post("/v1/embeddings", json={"model": "rm"})).status_code == 422
-        assert (await c.post("/v1/embeddings", json={"model": "rm", "input": "a",
-                                                     "dimensions": 3})).status_code == 422
+        assert (
+            await c.post("/v1/embeddings", json={"model": "rm", "input": "a", "dimensions": 3})
+        ).status_code == 422
 
 
 async def test_max_tokens_above_the_context_is_capped_and_said():
@@ -108,10 +121,15 @@ async def test_max_tokens_above_the_context_is_capped_and_said():
 
 
 async def test_sampling_defaults_from_the_model_folder(tmp_path):
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 99_999, "do_sample": True}))
-    judge = {**CONFIG["models"][0], "model_path": str(tmp_path), "sampling_defaults": {
-        "top_p": 0.5}, "sampling_defaults_from": "model"}
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 99_999, "do_sample": True})
+    )
+    judge = {
+        **CONFIG["models"][0],
+        "model_path": str(tmp_path),
+        "sampling_defaults": {"top_p": 0.5},
+        "sampling_defaults_from": "model",
+    }
     transport = FakeTransport()
     async with _client({**CONFIG, "models": [judge, CONFIG["models"][1]]}, transport) as c:
         await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}]})

@@ -5,8 +5,15 @@ import math
 
 import pytest
 
-from gateway.client.check import (Result, compare, essence, format_table, generated_calls,
-                                  load_calls, max_abs_diff)
+from gateway.client.check import (
+    Result,
+    compare,
+    essence,
+    format_table,
+    generated_calls,
+    load_calls,
+    max_abs_diff,
+)
 
 
 def r(ess, status=200, slot="0", seed=None, cls=None):
@@ -60,14 +67,34 @@ def test_essence_ignores_ids_and_times():
 def test_essence_is_bitwise_and_feeds_max_abs_diff():
     def probs(v):
         return {"data": [{"index": 0, "probs": [0.5, v]}]}
+
     assert essence("/classify", probs(0.0)) != essence("/classify", probs(-0.0))  # == as floats
-    v = compare("x", {0: r(essence("/classify", probs(0.25)))},
-                {0: r(essence("/classify", probs(math.nextafter(0.25, 1))))})
+    v = compare(
+        "x",
+        {0: r(essence("/classify", probs(0.25)))},
+        {0: r(essence("/classify", probs(math.nextafter(0.25, 1))))},
+    )
     assert v.differing == 1 and 0 < v.max_abs_diff < 1e-15
-    chat = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "length",
-                         "token_ids": [1, 2]}]}
-    other = {"choices": [{"index": 0, "message": {"content": "a"}, "finish_reason": "length",
-                          "token_ids": [1, 3]}]}
+    chat = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"content": "a"},
+                "finish_reason": "length",
+                "token_ids": [1, 2],
+            }
+        ]
+    }
+    other = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"content": "a"},
+                "finish_reason": "length",
+                "token_ids": [1, 3],
+            }
+        ]
+    }
     assert essence("/v1/chat/completions", chat) != essence("/v1/chat/completions", other)
 
 
@@ -78,5 +105,7 @@ def test_load_calls_and_generation(tmp_path):
     f.write_text('{"nope": 1}\n')
     with pytest.raises(ValueError):
         load_calls(f)
-    calls = generated_calls([{"id": "j", "kind": "generative"}, {"id": "r", "kind": "discriminative"}], 4)
+    calls = generated_calls(
+        [{"id": "j", "kind": "generative"}, {"id": "r", "kind": "discriminative"}], 4
+    )
     assert [c.body["model"] for c in calls] == ["j"] * 4 + ["r"] * 4

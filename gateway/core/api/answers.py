@@ -60,8 +60,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Top-level fields that are never part of an answer (the fallback for unknown paths).
-VOLATILE_FIELDS = frozenset({"id", "object", "created", "model", "usage", "system_fingerprint",
-                             "service_tier", "kv_transfer_params"})
+VOLATILE_FIELDS = frozenset(
+    {
+        "id",
+        "object",
+        "created",
+        "model",
+        "usage",
+        "system_fingerprint",
+        "service_tier",
+        "kv_transfer_params",
+    }
+)
 
 #: Token ids and prompt logprobs, wherever vLLM puts them (choice or response level).
 TOKEN_FIELDS = ("token_ids", "prompt_token_ids", "prompt_logprobs")
@@ -71,18 +81,37 @@ CHAT_CHOICE_FIELDS = ("logprobs", "finish_reason", "stop_reason") + TOKEN_FIELDS
 COMPLETION_CHOICE_FIELDS = ("text", "logprobs", "finish_reason", "stop_reason") + TOKEN_FIELDS
 #: The vector of a pooling item, per endpoint.
 POOLING_VECTOR = {"/classify": "probs", "/pooling": "data"}
-REWARD_DETAIL_FIELDS = ("raw_score", "judge_text", "parsed", "error", "label_logprobs",
-                        "program", "failed", "default_used")
+REWARD_DETAIL_FIELDS = (
+    "raw_score",
+    "judge_text",
+    "parsed",
+    "error",
+    "label_logprobs",
+    "program",
+    "failed",
+    "default_used",
+)
 #: A reward program's component, as compared (its slot, receipt and cache are not: they
 #: say who answered, not what).
-COMPONENT_FIELDS = ("name", "status", "weight", "score", "transformed", "reason",
-                    "raw_score", "judge_text", "parsed", "label_logprobs")
+COMPONENT_FIELDS = (
+    "name",
+    "status",
+    "weight",
+    "score",
+    "transformed",
+    "reason",
+    "raw_score",
+    "judge_text",
+    "parsed",
+    "label_logprobs",
+)
 
 
 def canonical_json(obj: Any) -> str:
     """Sorted keys, compact separators, UTF-8 (no ASCII escapes), NaN and infinities refused."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 @dataclass(frozen=True)
@@ -116,8 +145,7 @@ def _in_index_order(items: Any, what: str) -> list[tuple[Any, dict[str, Any]]]:
 def _tool_calls(calls: Any) -> Any:
     if not isinstance(calls, list):
         return calls
-    return [{k: v for k, v in c.items() if k != "id"} if isinstance(c, dict) else c
-            for c in calls]
+    return [{k: v for k, v in c.items() if k != "id"} if isinstance(c, dict) else c for c in calls]
 
 
 def _choices(payload: dict[str, Any], chat: bool) -> dict[str, Any]:
@@ -155,16 +183,18 @@ def _rewards(payload: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("not an answer: no `rewards` list")
     out: dict[str, Any] = {"rewards": payload["rewards"]}
     if payload.get("details") is not None:
-        out["details"] = [_reward_detail(index, d)
-                          for index, d in _in_index_order(payload["details"], "details")]
+        out["details"] = [
+            _reward_detail(index, d) for index, d in _in_index_order(payload["details"], "details")
+        ]
     return out
 
 
 def _reward_detail(index: int, detail: dict[str, Any]) -> dict[str, Any]:
     out = {"index": index, **_pick(detail, REWARD_DETAIL_FIELDS)}
     if isinstance(detail.get("components"), list):
-        out["components"] = [_pick(c, COMPONENT_FIELDS) if isinstance(c, dict) else c
-                             for c in detail["components"]]
+        out["components"] = [
+            _pick(c, COMPONENT_FIELDS) if isinstance(c, dict) else c for c in detail["components"]
+        ]
     return out
 
 

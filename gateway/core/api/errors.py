@@ -12,7 +12,8 @@ Framework-free (no FastAPI): the core raises these, every layer above may catch 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.core.api.results import GatewayResult
@@ -46,9 +47,14 @@ class RmgateError(Exception):
     #: ``Retry-After`` seconds for statuses a client should retry (503).
     retry_after: ClassVar[str | None] = None
 
-    def __init__(self, message: str, *, param: str | None = None,
-                 headers: Mapping[str, str] | None = None,
-                 routed: "GatewayResult | None" = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        routed: GatewayResult | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -65,15 +71,21 @@ class RmgateError(Exception):
     def error_type(self) -> str:
         return ERROR_TYPES.get(self.http_status, "api_error")
 
-    def for_item(self, index: int) -> "RmgateError":
+    def for_item(self, index: int) -> RmgateError:
         """The same error, its message naming the batch item that caused it."""
         self.message = f"item {index}: {self.message}"
         self.args = (self.message,)
         return self
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.error_type,
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 # ---- 4xx: the request ---------------------------------------------------------------------
@@ -96,8 +108,9 @@ class BodyTooLarge(RmgateError):
 class AuthenticationFailed(RmgateError):
     status, code = 401, "invalid_api_key"
 
-    def __init__(self, message: str = "missing or invalid API key "
-                 "(Authorization: Bearer <key>)", **kw: Any) -> None:
+    def __init__(
+        self, message: str = "missing or invalid API key (Authorization: Bearer <key>)", **kw: Any
+    ) -> None:
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"}, **kw)
 
 
@@ -243,7 +256,6 @@ class DeadlineExceeded(RmgateError):
     backing off, or on another candidate. Safe to retry (every request is idempotent)."""
 
     status, code = 504, "deadline_exceeded"
-
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]], limit: int = 10) -> str:

@@ -54,8 +54,9 @@ def validate(schema: type[S], body: dict[str, Any]) -> S:
 
 def normalize_activation(body: dict[str, Any]) -> dict[str, Any]:
     """Fold ``activation``/``softmax`` into ``use_activation`` (one key, one value)."""
-    values = {k: body[k] for k in ("use_activation", *ACTIVATION_SYNONYMS)
-              if body.get(k) is not None}
+    values = {
+        k: body[k] for k in ("use_activation", *ACTIVATION_SYNONYMS) if body.get(k) is not None
+    }
     out = {k: v for k, v in body.items() if k not in ACTIVATION_SYNONYMS}
     wrong = [k for k, v in values.items() if not isinstance(v, bool)]
     if wrong:
@@ -79,5 +80,8 @@ def split_inputs(value: Any) -> tuple[list[Any], bool]:
         return [value], False
     if isinstance(value, list):
         return list(value), True
-    raise InvalidSchema("input must be a string, a list of strings, a list of token ids "
-                        "or a list of token-id lists", param="input")
+    raise InvalidSchema(
+        "input must be a string, a list of strings, a list of token ids "
+        "or a list of token-id lists",
+        param="input",
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-
 def key_hex(key: int) -> str:
     """A request key as the 8 hex digits headers, details and logs show."""
     return f"{key:08x}"
@@ -46,8 +45,8 @@ class Route:
     #: Why a class mate answered: ``load`` (bounded load), ``drained`` (the key's own slot
     #: is outside the majority class), ``unavailable`` (it did not answer); None otherwise.
     placement_reason: str | None = None
-    #: The reward's identity in the ledger (``gateway.core.ledger_policy.identity``), its receipt; None
-    #: when it has none (no ledger, or the answering slot's class is unknown).
+    #: The reward's identity in the ledger (``gateway.core.ledger_policy.identity``), its
+    #: receipt; None when it has none (no ledger, or the answering slot's class is unknown).
     receipt: str | None = None
     #: ``hit`` (answered from the ledger), ``shared`` (an identical request's engine call
     #: in flight answered it), ``miss`` (its own engine call); None: no cache.
@@ -117,8 +116,9 @@ class GatewayResult:
     @property
     def placements(self) -> list[tuple[int, int, str]]:
         """``(own slot, answering slot, reason)`` of every item a class mate answered."""
-        return [(r.slot, r.answered_by, r.placement_reason or "") for r in self.routes
-                if r.placed_away]
+        return [
+            (r.slot, r.answered_by, r.placement_reason or "") for r in self.routes if r.placed_away
+        ]
 
     @property
     def receipts(self) -> list[str]:

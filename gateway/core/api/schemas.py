@@ -18,16 +18,20 @@ PromptInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
-    model: StrictStr | None = Field(default=None, description="Served model name; optional "
-                                    "when exactly one model of this kind is served.")
+    model: StrictStr | None = Field(
+        default=None,
+        description="Served model name; optional when exactly one model of this kind is served.",
+    )
 
 
 class ChatCompletionRequest(_Open):
     """OpenAI chat completion, as vLLM serves it."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
-    seed: StrictInt | None = Field(default=None, description="Sampling seed; derived from the "
-                                   "request when absent (seed policy 'derive').")
+    seed: StrictInt | None = Field(
+        default=None,
+        description="Sampling seed; derived from the request when absent (seed policy 'derive').",
+    )
     stream: StrictBool | None = False
 
 
@@ -58,8 +62,10 @@ class EmbeddingRequest(_Open):
     model_config = ConfigDict(extra="forbid")
     input: PromptInput
     encoding_format: Literal["float", "base64"] = Field(
-        default="float", description="`base64`: little-endian float32, as OpenAI's clients "
-        "decode it (the openai client asks for it by default).")
+        default="float",
+        description="`base64`: little-endian float32, as OpenAI's clients "
+        "decode it (the openai client asks for it by default).",
+    )
     user: StrictStr | None = None
 
 
@@ -68,49 +74,72 @@ class ModelCard(BaseModel):
 
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default=0, description="When the gateway started (Unix seconds), as "
-                         "OpenAI's `created`.")
+    created: int = Field(
+        default=0, description="When the gateway started (Unix seconds), as OpenAI's `created`."
+    )
     owned_by: str = "rmgate"
-    aliases: list[str] = Field(default_factory=list, description="Other names requests may "
-                               "use: the configured aliases and the model path's basename.")
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="Other names requests may "
+        "use: the configured aliases and the model path's basename.",
+    )
     max_model_len: int | None = None
     kind: str
     determinism: str
     slots: int
     seed_policy: str | None = None
     fingerprints: list[str | None] = Field(default_factory=list)
-    health: list[str] = Field(default_factory=list, description="Per slot: healthy or "
-                              "unavailable (dead, restarting or starting).")
+    health: list[str] = Field(
+        default_factory=list,
+        description="Per slot: healthy or unavailable (dead, restarting or starting).",
+    )
     selftest: list[dict[str, Any] | None] = Field(
-        default_factory=list, description="Per slot: the start-up self-test (alone vs batched, "
-        "bitwise) when the slot batches: passed, identical, total, reason, mode, fallback.")
-    placement: str = Field(default="pinned", description="pinned (a key's own slot) or class "
-                           "(any slot of its own slot's numerics class).")
+        default_factory=list,
+        description="Per slot: the start-up self-test (alone vs batched, "
+        "bitwise) when the slot batches: passed, identical, total, reason, mode, fallback.",
+    )
+    placement: str = Field(
+        default="pinned",
+        description="pinned (a key's own slot) or class "
+        "(any slot of its own slot's numerics class).",
+    )
     numerics_classes: list[str | None] = Field(
-        default_factory=list, description="Per slot: its numerics class (identity + probe "
-        "digest, short hash), as last reported; None while unknown.")
-    classes: dict[str, list[int]] = Field(default_factory=dict, description="Each numerics "
-                                          "class and its slots.")
-    drained: dict[str, str] = Field(default_factory=dict, description="Slots (by index) that "
-                                    "answer no key, and why (class_policy: strict).")
+        default_factory=list,
+        description="Per slot: its numerics class (identity + probe "
+        "digest, short hash), as last reported; None while unknown.",
+    )
+    classes: dict[str, list[int]] = Field(
+        default_factory=dict, description="Each numerics class and its slots."
+    )
+    drained: dict[str, str] = Field(
+        default_factory=dict,
+        description="Slots (by index) that answer no key, and why (class_policy: strict).",
+    )
     numerics: list[dict[str, Any] | None] = Field(
-        default_factory=list, description="Per slot: identity (what decides its bits) and "
-        "probe digest.")
+        default_factory=list,
+        description="Per slot: identity (what decides its bits) and probe digest.",
+    )
     nodes: list[dict[str, Any] | None] = Field(
-        default_factory=list, description="Per slot: where it runs (the Ray node's id and "
-        "address, the engine's host and pid); null while the slot is not reachable.")
+        default_factory=list,
+        description="Per slot: where it runs (the Ray node's id and "
+        "address, the engine's host and pid); null while the slot is not reachable.",
+    )
     scorer: dict[str, Any] | None = Field(
-        default=None, description="How /v1/rewards scores an item with this model: the "
-        "scorer's type and options, label token ids resolved from the model's tokenizer.")
+        default=None,
+        description="How /v1/rewards scores an item with this model: the "
+        "scorer's type and options, label token ids resolved from the model's tokenizer.",
+    )
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
     programs: list[dict[str, Any]] = Field(
-        default_factory=list, description="Reward programs (named like models in "
+        default_factory=list,
+        description="Reward programs (named like models in "
         "/v1/rewards and /get_reward): components, weights, transforms, on_failure, and "
-        "each model component's resolved scorer.")
+        "each model component's resolved scorer.",
+    )
 
 
 #: A dataset's label as the trainer sends it: OpenRLHF passes the label field unchanged (a

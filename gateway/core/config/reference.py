@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import types
 import typing
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -49,7 +50,8 @@ def type_name(annotation: Any) -> str:
         return type_name(args[0])
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(type_name(a) for a in args if a is not type(None)) + (
-            " \\| null" if type(None) in args else "")
+            " \\| null" if type(None) in args else ""
+        )
     if origin in (list, tuple):
         inner = ", ".join(type_name(a) for a in args if a is not Ellipsis)
         return f"list[{inner}]"
@@ -88,20 +90,26 @@ def sections(root: type[BaseModel] = AppConfig) -> list[type[BaseModel]]:
 
 
 def undocumented(root: type[BaseModel] = AppConfig) -> list[str]:
-    return [f"{m.__name__}.{name}" for m in sections(root)
-            for name, f in m.model_fields.items() if not f.description]
+    return [
+        f"{m.__name__}.{name}"
+        for m in sections(root)
+        for name, f in m.model_fields.items()
+        if not f.description
+    ]
 
 
 def render(root: type[BaseModel] = AppConfig) -> str:
     parts = [HEADER]
     for model in sections(root):
         doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
-        parts.append(f"\n## {model.__name__}\n\n{doc}\n\n| field | type | default | |\n"
-                     "|---|---|---|---|")
+        parts.append(
+            f"\n## {model.__name__}\n\n{doc}\n\n| field | type | default | |\n|---|---|---|---|"
+        )
         for name, field in model.model_fields.items():
             desc = " ".join((field.description or "").split()).replace("|", "\\|")
-            parts.append(f"| `{name}` | {type_name(field.annotation)} | "
-                         f"{default_text(field)} | {desc} |")
+            parts.append(
+                f"| `{name}` | {type_name(field.annotation)} | {default_text(field)} | {desc} |"
+            )
     return "\n".join(parts) + "\n"
 
 

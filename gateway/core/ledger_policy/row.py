@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class LedgerRow:
-    """One answer, as recorded. ``identity`` (``gateway.core.ledger_policy.identity``) is its receipt."""
+    """One answer, as recorded. ``identity`` (``gateway.core.ledger_policy.identity``) is
+    its receipt."""
 
     identity: str
     model: str
@@ -30,7 +31,7 @@ class LedgerRow:
     latency_s: float
     recorded_at: float
 
-    def readable(self) -> "LedgerRow":
+    def readable(self) -> LedgerRow:
         """This row with ``score`` and ``text`` read from its answer (the writer does it,
         off the request path)."""
         if self.score is not None or self.text is not None:
@@ -41,11 +42,20 @@ class LedgerRow:
     def as_dict(self, with_answer: bool = True) -> dict[str, object]:
         """The row as JSON-ready values (bytes as UTF-8 text; ``GET /v1/ledger/{receipt}``)."""
         out: dict[str, object] = {
-            "receipt": self.identity, "model": self.model,
-            "numerics_class": self.numerics_class, "endpoint": self.endpoint,
-            "body_digest": self.body_digest, "status": self.status, "score": self.score,
-            "text": self.text, "slot": self.slot, "fingerprint": self.fingerprint,
-            "seed": self.seed, "latency_s": self.latency_s, "recorded_at": self.recorded_at}
+            "receipt": self.identity,
+            "model": self.model,
+            "numerics_class": self.numerics_class,
+            "endpoint": self.endpoint,
+            "body_digest": self.body_digest,
+            "status": self.status,
+            "score": self.score,
+            "text": self.text,
+            "slot": self.slot,
+            "fingerprint": self.fingerprint,
+            "seed": self.seed,
+            "latency_s": self.latency_s,
+            "recorded_at": self.recorded_at,
+        }
         if self.body is not None:
             out["body"] = self.body.decode("utf-8", "replace")
         if with_answer:

@@ -1,8 +1,9 @@
 """Identical requests in flight at once make one engine call.
 
 A GRPO group sends the same (prompt, response) several times at once, and a retried batch
-resends what is still running. Under one identity (``gateway.core.ledger_policy.identity``) the first
-request leads: it makes the call; the others wait for its result and get the same value.
+resends what is still running. Under one identity (``gateway.core.ledger_policy.identity``)
+the first request leads: it makes the call; the others wait for its result and get the
+same value.
 A request that waits never depends on the leader's client: when the leader is cancelled
 (its client went away) or fails, the flight ends without a result and the waiters run
 again, one of them leading the next flight. A waiter that is itself cancelled stops
@@ -12,7 +13,8 @@ waiting without disturbing the flight.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -10,7 +10,7 @@ This module is that decision; the transport only says which mates are reachable 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.gate import SlotGate, acquire_first
@@ -19,9 +19,13 @@ from gateway.core.routing.placement import Placement, takes_waiter
 Candidates = tuple[tuple[int, float], ...]
 
 
-async def admit_in_class(placement: Placement, members: Sequence[tuple[int, SlotGate]],
-                         deadline: Deadline, service_s: Mapping[int, float] | None,
-                         what: str) -> tuple[SlotGate | None, Candidates]:
+async def admit_in_class(
+    placement: Placement,
+    members: Sequence[tuple[int, SlotGate]],
+    deadline: Deadline,
+    service_s: Mapping[int, float] | None,
+    what: str,
+) -> tuple[SlotGate | None, Candidates]:
     """A place in the first of ``members`` (the placement's reachable class mates, in its
     order) to have room, and the candidates with that slot first; ``(None, the
     placement's candidates)`` when fewer than two mates can wait. ``service_s``: each
@@ -34,8 +38,9 @@ async def admit_in_class(placement: Placement, members: Sequence[tuple[int, Slot
     slots = [s for s, _ in members]
 
     def accepts(i: int) -> bool:  # placement's weighed rule, on the loads of now
-        return takes_waiter(slots[i], {s: g.inflight for s, g in members},
-                            sum(g.queued for g in gates), service_s)
+        return takes_waiter(
+            slots[i], {s: g.inflight for s, g in members}, sum(g.queued for g in gates), service_s
+        )
 
     wait = deadline.left_or_raise(f"placing it in {what}'s class queue")
     try:

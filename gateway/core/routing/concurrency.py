@@ -10,12 +10,13 @@ ended the request (the first one raised), not an ``ExceptionGroup``.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Iterable, TypeVar
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 
 
-def _first(group: "BaseExceptionGroup[BaseException]") -> BaseException:
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     first = group.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
 

@@ -12,8 +12,8 @@ so the unit tests that move time by hand move deadlines with it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from gateway.core.api.errors import DeadlineExceeded
 
@@ -33,7 +33,7 @@ class Deadline:
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
 
     @classmethod
-    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> "Deadline":
+    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
         return cls(clock() + seconds, seconds, clock)
 
     def remaining(self) -> float:
@@ -46,8 +46,7 @@ class Deadline:
 
     def exceeded(self, what: str) -> DeadlineExceeded:
         """The error of this deadline, saying what was still being waited for."""
-        return DeadlineExceeded(f"the request's deadline of {self.budget_s:g}s passed "
-                                f"while {what}")
+        return DeadlineExceeded(f"the request's deadline of {self.budget_s:g}s passed while {what}")
 
     def left_or_raise(self, what: str) -> float:
         """``remaining()``, or ``DeadlineExceeded`` when nothing is left."""

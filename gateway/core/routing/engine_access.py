@@ -43,16 +43,24 @@ class SlotInfo:
     headers: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "headers", {"content-type": "application/json",
-                                             **engine_auth(self.secret)})
+        object.__setattr__(
+            self, "headers", {"content-type": "application/json", **engine_auth(self.secret)}
+        )
 
     @classmethod
-    def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> "SlotInfo":
+    def from_endpoint(cls, model: str, slot: int, raw: dict[str, Any]) -> SlotInfo:
         numerics = raw.get("numerics") or {}
-        return cls(model=model, slot=slot, url=raw["url"], fingerprint=raw.get("fingerprint"),
-                   mode=raw["mode"], max_inflight=int(raw.get("max_inflight", 1)),
-                   raw={k: v for k, v in raw.items() if k != "secret"},  # never shown
-                   numerics_class=numerics.get("class_id"), secret=raw.get("secret"))
+        return cls(
+            model=model,
+            slot=slot,
+            url=raw["url"],
+            fingerprint=raw.get("fingerprint"),
+            mode=raw["mode"],
+            max_inflight=int(raw.get("max_inflight", 1)),
+            raw={k: v for k, v in raw.items() if k != "secret"},  # never shown
+            numerics_class=numerics.get("class_id"),
+            secret=raw.get("secret"),
+        )
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,9 @@ class EngineConnectionLost(EngineCallError):
 class EngineClient(Protocol):
     """Posts one canonical body to a slot's engine; raises ``EngineCallError``s only."""
 
-    async def post(self, target: SlotInfo, path: str, body: bytes,
-                   timeout_s: float) -> tuple[int, bytes]: ...
+    async def post(
+        self, target: SlotInfo, path: str, body: bytes, timeout_s: float
+    ) -> tuple[int, bytes]: ...
 
     async def aclose(self) -> None: ...
 
@@ -96,8 +105,9 @@ class EngineClient(Protocol):
 class Transport(Protocol):
     """How the core reaches the slots of a model."""
 
-    async def post(self, model: str, placement: Placement, path: str, body: bytes,
-                   deadline: Deadline) -> EngineReply:
+    async def post(
+        self, model: str, placement: Placement, path: str, body: bytes, deadline: Deadline
+    ) -> EngineReply:
         """Answer ``body`` on the placement's slots, in order, by ``deadline``; raises
         ``RmgateError``s (``SlotRemoved`` when scaling took the slot away under the
         request, ``DeadlineExceeded`` when the deadline passed)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from gateway.core.api.errors import QueueFull
 
@@ -42,8 +43,9 @@ class _Waiter:
 
     __slots__ = ("future", "accepts")
 
-    def __init__(self, future: "asyncio.Future[SlotGate]",
-                 accepts: "Callable[[SlotGate], bool] | None" = None) -> None:
+    def __init__(
+        self, future: asyncio.Future[SlotGate], accepts: Callable[[SlotGate], bool] | None = None
+    ) -> None:
         self.future = future
         self.accepts = accepts
 
@@ -51,8 +53,14 @@ class _Waiter:
 class SlotGate:
     """A resizable counting gate, first come first served, with a bounded waiting room."""
 
-    def __init__(self, capacity: int, max_waiting: int, *, queued: _Gauge | None = None,
-                 inflight: _Gauge | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        max_waiting: int,
+        *,
+        queued: _Gauge | None = None,
+        inflight: _Gauge | None = None,
+    ) -> None:
         self.capacity = max(1, capacity)
         self.max_waiting = max_waiting
         self.inflight = 0
@@ -140,9 +148,11 @@ class SlotGate:
         self._wake()
 
 
-async def acquire_first(gates: Sequence[SlotGate],
-                        accepts: Callable[[int], bool] | None = None,
-                        timeout_s: float | None = None) -> int:
+async def acquire_first(
+    gates: Sequence[SlotGate],
+    accepts: Callable[[int], bool] | None = None,
+    timeout_s: float | None = None,
+) -> int:
     """A place in one of ``gates`` (in preference order): the first with room now, else the
     first to free one; returns its index. ``accepts(i)``: whether gate ``i`` (not the
     first, the placement's own choice, which always may) may take the request now; asked
@@ -150,6 +160,7 @@ async def acquire_first(gates: Sequence[SlotGate],
     counted in one waiting room only (the first gate's while it has space, else the
     emptiest), so the class as a whole queues as many as its rooms hold; ``QueueFull``
     when every room is full; ``TimeoutError`` when no place came within ``timeout_s``."""
+
     def may(i: int) -> bool:
         return i == 0 or accepts is None or accepts(i)
 
@@ -165,8 +176,10 @@ async def acquire_first(gates: Sequence[SlotGate],
     # then looked busy, so its own keys stopped going to it even when it sat idle).
     home = gates[0] if gates[0] in rooms else min(rooms, key=lambda g: g.queued / g.max_waiting)
     index = {id(g): i for i, g in enumerate(gates)}
-    waiter = _Waiter(asyncio.get_running_loop().create_future(),
-                     None if accepts is None else (lambda g: may(index[id(g)])))
+    waiter = _Waiter(
+        asyncio.get_running_loop().create_future(),
+        None if accepts is None else (lambda g: may(index[id(g)])),
+    )
     for gate in gates:
         gate._waiters.append(waiter)
     home._count(1)

@@ -28,13 +28,15 @@ def slot_for_key(key: int, num_slots: int) -> int:
     return jump_hash(splitmix64(key), num_slots)
 
 
-
 def slot_ranking(key: int, num_slots: int) -> list[int]:
     """Every slot in ``key``'s preference order: its own slot first, then the others by a
     per-(key, slot) score (rendezvous over splitmix64, not crc32: CRC is linear and would
     rank poorly). Failover walks this order, so it is deterministic per key."""
     own = slot_for_key(key, num_slots)
     mixed = splitmix64(key)
-    others = sorted((s for s in range(num_slots) if s != own),
-                    key=lambda s: splitmix64(mixed ^ splitmix64(s + 1)), reverse=True)
+    others = sorted(
+        (s for s in range(num_slots) if s != own),
+        key=lambda s: splitmix64(mixed ^ splitmix64(s + 1)),
+        reverse=True,
+    )
     return [own, *others]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 ClassPolicy = Literal["strict", "mixed"]
 
@@ -39,8 +40,9 @@ def probe_digest_of(answers: Iterable[str]) -> str:
 
 def class_id(identity: Mapping[str, Any], probe_digest: str) -> str:
     """The class of a slot: a short hash of its identity and its probe digest."""
-    blob = json.dumps({"identity": identity, "probe_digest": probe_digest}, sort_keys=True,
-                      separators=(",", ":"))
+    blob = json.dumps(
+        {"identity": identity, "probe_digest": probe_digest}, sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:CLASS_ID_CHARS]
 
 
@@ -80,17 +82,25 @@ class ModelClasses:
         cls = self.classes[slot]
         if cls is not None and cls.startswith(DRIFT_PREFIX):
             return True
-        return (self.policy == "strict" and cls is not None
-                and len(self.groups) > 1 and cls != self.majority)
+        return (
+            self.policy == "strict"
+            and cls is not None
+            and len(self.groups) > 1
+            and cls != self.majority
+        )
 
     def drain_reason(self, slot: int) -> str | None:
         if not self.drained(slot):
             return None
         if str(self.classes[slot]).startswith(DRIFT_PREFIX):
-            return ("its probe digest changed under the running gateway (canary): drained "
-                    "until it matches again")
-        return (f"class {self.classes[slot]} differs from the model's majority class "
-                f"{self.majority} (class_policy: strict)")
+            return (
+                "its probe digest changed under the running gateway (canary): drained "
+                "until it matches again"
+            )
+        return (
+            f"class {self.classes[slot]} differs from the model's majority class "
+            f"{self.majority} (class_policy: strict)"
+        )
 
     def mates(self, slot: int) -> list[int]:
         """Slots that may answer slot ``slot``'s keys: its class (the majority class when

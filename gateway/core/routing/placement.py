@@ -14,16 +14,17 @@ numerics class (``gateway.core.routing.numerics``), bits unchanged. The members 
 key's own ranking; under bounded load (Mirokni et al.'s consistent hashing with bounded
 loads) the first member whose in-flight + queued requests are below
 ``ceil(c · (total + 1) / members)`` answers, else the least loaded; each member's load is
-weighed by how much slower it answers than its fastest mate (``bounded_choice``). A dead member is left at
-once for the next (``wait_s`` 0); the last one waits ``slot_wait_s``. An idle gateway places
-every key on its own slot, exactly as ``pinned``.
+weighed by how much slower it answers than its fastest mate (``bounded_choice``). A dead
+member is left at once for the next (``wait_s`` 0); the last one waits ``slot_wait_s``.
+An idle gateway places every key on its own slot, exactly as ``pinned``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 from gateway.core.routing.hashing import slot_for_key, slot_ranking
 from gateway.core.routing.numerics import ModelClasses
@@ -56,8 +57,9 @@ class Placement:
         return self.candidates[0][0]
 
 
-def place(key: int, slots: int, failover: FailoverMode, slot_wait_s: float,
-          failover_after_s: float) -> Placement:
+def place(
+    key: int, slots: int, failover: FailoverMode, slot_wait_s: float, failover_after_s: float
+) -> Placement:
     """Where ``key`` goes among ``slots`` slots, pinned to its own slot (or its ranking under
     ``next_slot``)."""
     if failover != "next_slot" or slots < 2:
@@ -75,8 +77,12 @@ def slowness(members: list[int], service_s: Mapping[int, float] | None) -> dict[
     return {s: (known[s] / fastest if s in known else 1.0) for s in members}
 
 
-def bounded_choice(members: list[int], load: Mapping[int, int], c: float,
-                   service_s: Mapping[int, float] | None = None) -> int:
+def bounded_choice(
+    members: list[int],
+    load: Mapping[int, int],
+    c: float,
+    service_s: Mapping[int, float] | None = None,
+) -> int:
     """The first of ``members`` (in the key's ranking) under the bounded-load capacity,
     else the least loaded (ties: ranking order).
 
@@ -95,8 +101,12 @@ def bounded_choice(members: list[int], load: Mapping[int, int], c: float,
     return min(members, key=lambda s: ((load.get(s, 0) + 1) * weight[s], members.index(s)))
 
 
-def takes_waiter(slot: int, inflight: Mapping[int, int], queued: int,
-                 service_s: Mapping[int, float] | None = None) -> bool:
+def takes_waiter(
+    slot: int,
+    inflight: Mapping[int, int],
+    queued: int,
+    service_s: Mapping[int, float] | None = None,
+) -> bool:
     """Whether class mate ``slot``, with a place free, takes a request of the class queue
     now rather than leave it to its mates (``inflight``: every member's requests in its
     engine; ``queued``: the class's waiting requests). Shortest expected delay: the
@@ -119,10 +129,17 @@ def takes_waiter(slot: int, inflight: Mapping[int, int], queued: int,
     return mine <= min((inflight[s] + 1 + share) * weight[s] for s in others)
 
 
-def place_in_class(key: int, classes: ModelClasses, load: Mapping[int, int], *,
-                   failover: FailoverMode, slot_wait_s: float, failover_after_s: float,
-                   load_bound: float, service_s: Mapping[int, float] | None = None
-                   ) -> Placement:
+def place_in_class(
+    key: int,
+    classes: ModelClasses,
+    load: Mapping[int, int],
+    *,
+    failover: FailoverMode,
+    slot_wait_s: float,
+    failover_after_s: float,
+    load_bound: float,
+    service_s: Mapping[int, float] | None = None,
+) -> Placement:
     """Where ``key`` goes when its slots' numerics classes are known (``placement: class``)."""
     n = len(classes.classes)
     home = slot_for_key(key, n)
@@ -136,7 +153,9 @@ def place_in_class(key: int, classes: ModelClasses, load: Mapping[int, int], *,
     chosen = bounded_choice(members, load, load_bound, service_s)
     order = [chosen] + [s for s in members if s != chosen]
     waits = [0.0] * (len(order) - 1) + [slot_wait_s]
-    reason: Reason = "drained" if classes.drained(home) else (
-        "preferred" if chosen == home else "load")
-    return Placement(tuple(zip(order, waits)), home, reason, classes.classes[order[0]],
-                     within_class=True)
+    reason: Reason = (
+        "drained" if classes.drained(home) else ("preferred" if chosen == home else "load")
+    )
+    return Placement(
+        tuple(zip(order, waits)), home, reason, classes.classes[order[0]], within_class=True
+    )

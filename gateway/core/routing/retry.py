@@ -11,8 +11,8 @@ The clock is injected, so tests need no wall-clock sleeps.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,10 @@ class RetryConfig:
 
 
 class Decision(enum.Enum):
-    RETURN = "return"          # hand the reply to the caller
-    RETRY = "retry"            # back off, then try the same slot again
-    ENGINE_FAILED = "failed"   # the engine kept answering 5xx: 502
-    GIVE_UP = "give_up"        # the slot stayed unreachable for the whole wait: 503
+    RETURN = "return"  # hand the reply to the caller
+    RETRY = "retry"  # back off, then try the same slot again
+    ENGINE_FAILED = "failed"  # the engine kept answering 5xx: 502
+    GIVE_UP = "give_up"  # the slot stayed unreachable for the whole wait: 503
 
 
 class RetryState:

@@ -17,9 +17,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.api.errors import (EngineFailed, EngineRejected, ModelNotFound,
-                                     ModelRequired, Rescaling, RmgateError, SlotRemoved,
-                                     WrongModelKind, engine_error_message)
+from gateway.core.api.errors import (
+    EngineFailed,
+    EngineRejected,
+    ModelNotFound,
+    ModelRequired,
+    Rescaling,
+    RmgateError,
+    SlotRemoved,
+    WrongModelKind,
+    engine_error_message,
+)
 from gateway.core.api.results import EngineReply, GatewayResult, Route, key_hex
 from gateway.core.config.settings import AppConfig, Kind, ModelSpec
 from gateway.core.ledger_policy.reuse import Ask, RewardLedger, RewardReuse, cache_decision
@@ -66,8 +74,13 @@ def engine_error(reply: EngineReply, routed: GatewayResult) -> RmgateError:
 class Router:
     """Answers ``EngineRequest``s for the configured models over ``transport``."""
 
-    def __init__(self, config: AppConfig, transport: Transport,
-                 slots: SlotTable | None = None, ledger: RewardLedger | None = None) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        transport: Transport,
+        slots: SlotTable | None = None,
+        ledger: RewardLedger | None = None,
+    ) -> None:
         self.config = config
         self.settings = config.gateway
         self.transport = transport
@@ -77,10 +90,12 @@ class Router:
         self.slots = slots or SlotTable.from_config(config)
         #: Generative models' sampling defaults, read once (``sampling_defaults_from``).
         self.sampling_defaults: dict[str, dict[str, Any]] = {
-            m.name: m.effective_sampling_defaults() for m in config.models}
+            m.name: m.effective_sampling_defaults() for m in config.models
+        }
         #: The ledger's cache and recording (None: no ledger, nothing recorded).
-        self.reuse = (RewardReuse(ledger, config.gateway.ledger.keep_bodies)
-                      if ledger is not None else None)
+        self.reuse = (
+            RewardReuse(ledger, config.gateway.ledger.keep_bodies) if ledger is not None else None
+        )
 
     def set_slot_counts(self, counts: dict[str, object]) -> dict[str, int]:
         """Route each named model over its new count from now on (a scale event). Checked
@@ -95,21 +110,24 @@ class Router:
         return Deadline.after(limit if timeout_s is None else min(timeout_s, limit))
 
     # ---- model resolution -------------------------------------------------------------
-    def resolve_model(self, name: str | None, kind: Kind | None,
-                      default: str | None = None) -> ModelSpec:
+    def resolve_model(
+        self, name: str | None, kind: Kind | None, default: str | None = None
+    ) -> ModelSpec:
         """The model a request names (its name or its path), else ``default``, else the
         only model of ``kind`` (of any kind when ``kind`` is None)."""
         name = name if name is not None else default
         if name is not None:
             spec = self.config.model(name)
             if spec is None:
-                raise ModelNotFound(f"The model `{name}` does not exist. Served models (and "
-                                    f"the other names they answer to): "
-                                    f"{self.config.model_names()}", param="model")
+                raise ModelNotFound(
+                    f"The model `{name}` does not exist. Served models (and "
+                    f"the other names they answer to): "
+                    f"{self.config.model_names()}",
+                    param="model",
+                )
             if kind is not None and spec.kind != kind:
                 other = "/v1/chat/completions" if spec.kind == "generative" else "/classify"
-                raise WrongModelKind(f"model `{name}` is {spec.kind}; use {other}",
-                                     param="model")
+                raise WrongModelKind(f"model `{name}` is {spec.kind}; use {other}", param="model")
             return spec
         candidates = [m for m in self.config.models if kind is None or m.kind == kind]
         if len(candidates) == 1:
@@ -118,12 +136,16 @@ class Router:
         if not candidates:
             raise ModelNotFound(f"no {kind} model is served", param="model")
         hint = "" if kind else " and no default_reward_model is configured"
-        raise ModelRequired(f"`model` is required: {len(candidates)} {what} are served "
-                            f"({[m.name for m in candidates]}){hint}", param="model")
+        raise ModelRequired(
+            f"`model` is required: {len(candidates)} {what} are served "
+            f"({[m.name for m in candidates]}){hint}",
+            param="model",
+        )
 
     # ---- answering --------------------------------------------------------------------
-    async def answer(self, request: EngineRequest, deadline: Deadline,
-                     use_cache: bool | None = None) -> tuple[Route, EngineReply]:
+    async def answer(
+        self, request: EngineRequest, deadline: Deadline, use_cache: bool | None = None
+    ) -> tuple[Route, EngineReply]:
         """The answer to one engine request: from the ledger or an identical call in
         flight when the cache may answer (``gateway.core.ledger_policy.reuse``), else the
         engine's, and recorded. Nothing waits past ``deadline``: a last-resort guard
@@ -139,17 +161,25 @@ class Router:
             async with asyncio.timeout(deadline.remaining() + GUARD_MARGIN_S):
                 if self.reuse is None:
                     return await call()
-                return await self.reuse.answer(Ask(
-                    spec.name, request.path, request.body, request.key,
-                    placement.numerics_class, request.seed,
-                    cacheable=cache_decision(self.settings.cache, use_cache)
-                    and spec.determinism != "off"),
-                    call)
+                return await self.reuse.answer(
+                    Ask(
+                        spec.name,
+                        request.path,
+                        request.body,
+                        request.key,
+                        placement.numerics_class,
+                        request.seed,
+                        cacheable=cache_decision(self.settings.cache, use_cache)
+                        and spec.determinism != "off",
+                    ),
+                    call,
+                )
         except TimeoutError:
             raise deadline.exceeded(f"routing it to {spec.name}'s slots") from None
 
-    async def _post(self, request: EngineRequest, deadline: Deadline,
-                    placement: Placement | None) -> tuple[Route, EngineReply]:
+    async def _post(
+        self, request: EngineRequest, deadline: Deadline, placement: Placement | None
+    ) -> tuple[Route, EngineReply]:
         """Send to the key's placement; when a scale-down removes the slot under the
         request, place it again under the new count (same bits: homogeneous replicas), and
         when a chosen class mate turned out to be of another class now, place it again
@@ -158,19 +188,29 @@ class Router:
         for _ in range(MAX_REROUTES):
             placement = placement or self.placement(spec, key)
             try:
-                reply = await self.transport.post(spec.name, placement, request.path,
-                                                  request.body, deadline)
+                reply = await self.transport.post(
+                    spec.name, placement, request.path, request.body, deadline
+                )
             except SlotRemoved as exc:
                 logger.info("%s; routing %s again", exc, key_hex(key))
                 placement = None
                 continue
             reason = None
             if placement.within_class and reply.slot != placement.home:
-                reason = reply.reason or (placement.reason if reply.slot == placement.first
-                                          and placement.reason != "preferred"
-                                          else "unavailable")
-            return Route(key, placement.home, reply.slot, reply.fingerprint,
-                         reply.numerics_class, placement.within_class, reason), reply
+                reason = reply.reason or (
+                    placement.reason
+                    if reply.slot == placement.first and placement.reason != "preferred"
+                    else "unavailable"
+                )
+            return Route(
+                key,
+                placement.home,
+                reply.slot,
+                reply.fingerprint,
+                reply.numerics_class,
+                placement.within_class,
+                reason,
+            ), reply
         raise Rescaling(f"model {spec.name} is being rescaled; retry")
 
     def placement(self, spec: ModelSpec, key: int) -> Placement:
@@ -180,13 +220,17 @@ class Router:
         n = self.slots.count(spec.name)
         if settings.placement == "class" and n > 1:
             view = self.transport.slot_view(spec.name, n)
-            return place_in_class(key, view.classes, view.load, failover=settings.failover,
-                                  slot_wait_s=settings.slot_wait_s,
-                                  failover_after_s=settings.failover_after_s,
-                                  load_bound=settings.load_bound,
-                                  service_s=view.service_s)
-        pinned = place(key, n, settings.failover, settings.slot_wait_s,
-                       settings.failover_after_s)
+            return place_in_class(
+                key,
+                view.classes,
+                view.load,
+                failover=settings.failover,
+                slot_wait_s=settings.slot_wait_s,
+                failover_after_s=settings.failover_after_s,
+                load_bound=settings.load_bound,
+                service_s=view.service_s,
+            )
+        pinned = place(key, n, settings.failover, settings.slot_wait_s, settings.failover_after_s)
         if self.reuse is None:
             return pinned
         # the class its own slot reports: what names the reward in the ledger

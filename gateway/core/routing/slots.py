@@ -4,7 +4,8 @@ slot that a scale-down removed)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.api.errors import InvalidSlotCounts
 
@@ -23,7 +24,7 @@ class SlotTable:
         self.update(counts)
 
     @classmethod
-    def from_config(cls, config: "AppConfig") -> "SlotTable":
+    def from_config(cls, config: AppConfig) -> SlotTable:
         return cls({m.name: m.replicas for m in config.models})
 
     @property
@@ -46,13 +47,17 @@ class SlotTable:
             raise InvalidSlotCounts("slot counts must be a non-empty mapping {model: n}")
         unknown = sorted(str(m) for m in counts if str(m) not in self._models)
         if unknown:
-            raise InvalidSlotCounts(f"slot counts for models that are not served: {unknown}; "
-                                    f"served: {sorted(self._models)}")
+            raise InvalidSlotCounts(
+                f"slot counts for models that are not served: {unknown}; "
+                f"served: {sorted(self._models)}"
+            )
         out: dict[str, int] = {}
         for model, n in counts.items():
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SLOTS:
-                raise InvalidSlotCounts(f"model {model}: a slot count must be an integer from 1 "
-                                        f"to {MAX_SLOTS}, got {n!r}")
+                raise InvalidSlotCounts(
+                    f"model {model}: a slot count must be an integer from 1 "
+                    f"to {MAX_SLOTS}, got {n!r}"
+                )
             out[str(model)] = n
         return out
 

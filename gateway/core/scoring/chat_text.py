@@ -24,7 +24,8 @@ import re
 
 _CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
 _LLAMA3_TURN = re.compile(
-    r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)", re.DOTALL)
+    r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)", re.DOTALL
+)
 #: Markers removed wherever they stand: ``<|...|>`` tokens and the classic BOS/EOS/pad.
 _SPECIAL = re.compile(r"<\|[^<>|\s]{1,64}\|>|</?s>|<(?:eos|bos|pad|unk)>")
 
@@ -57,7 +58,7 @@ def response_text(query: str, prompt: str) -> str:
     """The policy's answer in ``query`` (= templated prompt + answer + EOS/padding), as
     plain text: ``query`` minus its ``prompt`` prefix (when it starts with it), up to the
     end-of-turn marker, without special tokens."""
-    rest = query[len(prompt):] if prompt and query.startswith(prompt) else query
+    rest = query[len(prompt) :] if prompt and query.startswith(prompt) else query
     if rest is query and prompt:
         # the prompt was sent without the query's special tokens: the answer is the last
         # assistant turn, if the query is templated

@@ -8,7 +8,7 @@ never raises: a judge that rambles must not crash a training step.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from gateway.core.config.scoring import JudgeTextSpec
 
@@ -53,9 +53,11 @@ def make_parser(spec: JudgeTextSpec) -> Callable[[str], float | None]:
     if spec.parser == "boxed":
         return parse_boxed
     if spec.parser == "yes_no":
+
         def parse_yes_no(text: str) -> float | None:
             m = _last(_YES_NO, text)
             return None if m is None else (spec.yes if m.lower() == "yes" else spec.no)
+
         return parse_yes_no
     pattern = re.compile(spec.pattern or "")
 
@@ -68,4 +70,5 @@ def make_parser(spec: JudgeTextSpec) -> Callable[[str], float | None]:
             return float(m.group(1) if m.groups() else m.group(0))
         except (TypeError, ValueError):
             return None
+
     return parse_regex

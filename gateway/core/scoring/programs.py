@@ -46,9 +46,13 @@ class ComponentScore:
     routes: tuple[Route, ...] = ()
 
     def as_detail(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "status": "failed" if self.failure else "ok",
-                               "weight": self.weight, "score": self.score,
-                               "transformed": self.transformed}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "status": "failed" if self.failure else "ok",
+            "weight": self.weight,
+            "score": self.score,
+            "transformed": self.transformed,
+        }
         if self.failure:
             out.update(reason=self.failure, error=self.message)
         return {**out, **self.detail}
@@ -72,14 +76,17 @@ def combine(program: ProgramSpec, parts: list[ComponentScore], index: int) -> Pr
         first = next(p for p in parts if p.failure)
         why = f"component {first.name!r} failed ({first.failure}: {first.message})"
         if program.on_failure == "error":
-            raise RewardComponentFailed(f"item {index}: {why}; program {program.name!r} has "
-                                        f"on_failure: error", param=f"items[{index}]")
+            raise RewardComponentFailed(
+                f"item {index}: {why}; program {program.name!r} has on_failure: error",
+                param=f"items[{index}]",
+            )
         if isinstance(program.on_failure, DefaultOnFailure):
             return ProgramOutcome(program.on_failure.default, failed, default_used=True)
         if len(failed) == len(parts):
-            raise RewardComponentFailed(f"item {index}: every component of program "
-                                        f"{program.name!r} failed; {why}",
-                                        param=f"items[{index}]")
+            raise RewardComponentFailed(
+                f"item {index}: every component of program {program.name!r} failed; {why}",
+                param=f"items[{index}]",
+            )
     reward = 0.0
     for part in parts:
         if not part.failure and part.transformed is not None:

@@ -6,12 +6,17 @@ program's components are ready before the first reward is asked for.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.core.config.settings import AppConfig
 from gateway.core.scoring.base import Scorer
-from gateway.core.scoring.model_scorers import (ExpectedRatingScorer, JudgeProbScorer,
-                                                JudgeTextScorer, LogitScorer)
+from gateway.core.scoring.model_scorers import (
+    ExpectedRatingScorer,
+    JudgeProbScorer,
+    JudgeTextScorer,
+    LogitScorer,
+)
 from gateway.core.scoring.rule_scorers import RuleScorer
 
 #: type -> factory(spec, model name, truncation side)
@@ -38,7 +43,8 @@ class Scorers:
     def __init__(self, config: AppConfig) -> None:
         side = config.gateway.get_reward_truncation_side
         self.models: dict[str, Scorer] = {
-            m.name: model_scorer(m.scorer, m.name, side) for m in config.models}
+            m.name: model_scorer(m.scorer, m.name, side) for m in config.models
+        }
         self.components: dict[tuple[str, str], Scorer] = {}
         for program in config.programs:
             for comp in program.components:
@@ -47,6 +53,9 @@ class Scorers:
                 else:
                     spec = config.model(comp.model or "")
                     assert spec is not None  # AppConfig checked it
-                    scorer = (model_scorer(comp.scorer, spec.name, side)
-                              if comp.scorer is not None else self.models[spec.name])
+                    scorer = (
+                        model_scorer(comp.scorer, spec.name, side)
+                        if comp.scorer is not None
+                        else self.models[spec.name]
+                    )
                 self.components[(program.name, comp.name)] = scorer

@@ -13,25 +13,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from typing import Any, Awaitable, NamedTuple
+from collections.abc import Awaitable
+from typing import Any, NamedTuple
 
-
-from gateway.core.scoring.chat_text import prompt_text, response_text
-from gateway.core.routing.concurrency import all_or_cancel
-from gateway.core.config.settings import ModelSpec
-from gateway.core.routing.deadline import Deadline
-from gateway.core.api.errors import (DeadlineExceeded, InvalidSchema, RmgateError, RuleCheckFailed,
-                                 ScoreUnreadable)
+from gateway.core.api.errors import (
+    DeadlineExceeded,
+    InvalidSchema,
+    RmgateError,
+    RuleCheckFailed,
+    ScoreUnreadable,
+)
 from gateway.core.api.parsing import parse_json_object, validate
-from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
 from gateway.core.api.results import ComponentFailure, GatewayResult, Route, key_hex
 from gateway.core.api.schemas import GetRewardRequest, Label, RewardItem, RewardsRequest
-from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
 from gateway.core.config.scoring import ComponentSpec, ProgramSpec
+from gateway.core.config.settings import ModelSpec
+from gateway.core.routing.concurrency import all_or_cancel
+from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.router import EngineRequest, Router, engine_error
+from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
+from gateway.core.scoring.chat_text import prompt_text, response_text
+from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
 from gateway.core.scoring.registry import Scorers
 from gateway.core.vllm_api.endpoints import generative_result
 from gateway.core.vllm_api.requests import generative_request, pooling_requests
+
 
 def _label_text(label: Label) -> str | None:
     """A label as the judge's ``{label}`` field: a string as is, anything else as JSON
@@ -90,13 +96,15 @@ class RewardScoring:
         self.scorers = Scorers(router.config)
         self.rules = rules
 
-    async def rewards(self, raw: bytes, deadline: Deadline | None = None,
-                      use_cache: bool | None = None) -> GatewayResult:
+    async def rewards(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /v1/rewards``."""
         return await RewardScorer(self, deadline, use_cache).rewards(raw)
 
-    async def get_reward(self, raw: bytes, deadline: Deadline | None = None,
-                         use_cache: bool | None = None) -> GatewayResult:
+    async def get_reward(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``POST /get_reward`` (OpenRLHF)."""
         return await RewardScorer(self, deadline, use_cache).get_reward(raw)
 
@@ -106,8 +114,12 @@ class RewardScorer:
     the configured scorers: a model's own (``/v1/rewards`` naming a model) or a
     program's components."""
 
-    def __init__(self, scoring: RewardScoring, deadline: Deadline | None = None,
-                 use_cache: bool | None = None) -> None:
+    def __init__(
+        self,
+        scoring: RewardScoring,
+        deadline: Deadline | None = None,
+        use_cache: bool | None = None,
+    ) -> None:
         self.scoring = scoring
         self.router = scoring.router
         #: What the request asked of the cache (``x-rmgate-cache``; None: nothing).
@@ -118,8 +130,9 @@ class RewardScorer:
     def reward_model(self, name: str | None) -> ModelSpec:
         """The model a rewards request names, else ``default_reward_model``, else the only
         model served (of either kind)."""
-        return self.router.resolve_model(name, None,
-                                         default=self.router.config.gateway.default_reward_model)
+        return self.router.resolve_model(
+            name, None, default=self.router.config.gateway.default_reward_model
+        )
 
     def target(self, name: str | None) -> Target:
         """The program a rewards request names (or ``default_reward_model`` names), else
@@ -128,32 +141,34 @@ class RewardScorer:
         program = config.program(name if name is not None else config.gateway.default_reward_model)
         return program if program is not None else self.reward_model(name)
 
-    async def _engine(self, call: EngineCall, index: int
-                      ) -> tuple[Any, Route, dict[str, Any]]:
+    async def _engine(self, call: EngineCall, index: int) -> tuple[Any, Route, dict[str, Any]]:
         """A scorer's engine call as its engine request, answered: the parsed answer, its
         route and what decided it. A failure is the item's (``items[i]``)."""
         try:
             generative = call.path in GENERATIVE_PATHS
-            spec = self.router.resolve_model(call.body.get("model"),
-                                             "generative" if generative else "discriminative")
+            spec = self.router.resolve_model(
+                call.body.get("model"), "generative" if generative else "discriminative"
+            )
             body = dict(call.body)  # the builders set fields in place
             if generative:
-                request = generative_request(spec, call.path, body,
-                                             self.router.sampling_defaults[spec.name])
-                route, reply = await self.router.answer(request, self.deadline,
-                                                        self.use_cache)
+                request = generative_request(
+                    spec, call.path, body, self.router.sampling_defaults[spec.name]
+                )
+                route, reply = await self.router.answer(request, self.deadline, self.use_cache)
                 generative_result(request, route, reply)  # raises an engine's non-200
             else:
                 requests = pooling_requests(spec, call.path, body)
                 request = requests.items[0]  # a scorer's pooling body holds one input
-                route, reply = await self.router.answer(request, self.deadline,
-                                                        self.use_cache)
+                route, reply = await self.router.answer(request, self.deadline, self.use_cache)
                 if reply.status != 200:
-                    raise engine_error(reply, GatewayResult(
-                        model=spec.name, key=requests.key, routes=(route,),
-                        endpoint=call.path))
+                    raise engine_error(
+                        reply,
+                        GatewayResult(
+                            model=spec.name, key=requests.key, routes=(route,), endpoint=call.path
+                        ),
+                    )
         except RmgateError as err:
-            raise err.for_item(index)
+            raise err.for_item(index) from err
         return json.loads(reply.body), route, _route_detail(request, route)
 
     async def _rule(self, call: RuleCall) -> float:
@@ -166,8 +181,9 @@ class RewardScorer:
         except TimeoutError:
             raise self.deadline.exceeded("running a rule check") from None
 
-    async def _run(self, scorer: Scorer, item: RewardInput
-                   ) -> tuple[Score, tuple[Route, ...], dict[str, Any]]:
+    async def _run(
+        self, scorer: Scorer, item: RewardInput
+    ) -> tuple[Score, tuple[Route, ...], dict[str, Any]]:
         """Send a scorer's calls (engine requests through the router, rule checks
         through the rule pool), in order, and read their answers."""
         answers: list[Any] = []
@@ -183,15 +199,14 @@ class RewardScorer:
         return scorer.read(item, answers), tuple(routes), route_detail
 
     async def _score_model(self, spec: ModelSpec, item: RewardInput) -> Scored:
-        score, routes, route_detail = await self._run(self.scoring.scorers.models[spec.name],
-                                                      item)
+        score, routes, route_detail = await self._run(self.scoring.scorers.models[spec.name], item)
         if score.value is None:
             raise ScoreUnreadable(f"item {item.index}: {score.message}")
-        return Scored(score.value, {"index": item.index, **route_detail, **score.detail},
-                      routes)
+        return Scored(score.value, {"index": item.index, **route_detail, **score.detail}, routes)
 
-    async def _component(self, program: ProgramSpec, comp: ComponentSpec,
-                         item: RewardInput) -> ComponentScore:
+    async def _component(
+        self, program: ProgramSpec, comp: ComponentSpec, item: RewardInput
+    ) -> ComponentScore:
         scorer = self.scoring.scorers.components[(program.name, comp.name)]
         try:
             score, routes, route_detail = await self._run(scorer, item)
@@ -202,33 +217,59 @@ class RewardScorer:
         except RmgateError as err:
             if program.on_failure == "error":
                 raise  # the engine's own status (503, 504...), for the trainer's retries
-            return ComponentScore(comp.name, comp.weight, None, None, "engine",
-                                  f"{err.code}: {err.message}")
+            return ComponentScore(
+                comp.name, comp.weight, None, None, "engine", f"{err.code}: {err.message}"
+            )
         detail = {**route_detail, **score.detail}
         if score.failure:
-            return ComponentScore(comp.name, comp.weight, score.value, None, score.failure,
-                                  score.message, detail, routes)
-        return ComponentScore(comp.name, comp.weight, score.value,
-                              apply_transform(score.value, comp.transform)
-                              if score.value is not None else None,
-                              None, None, detail, routes)
+            return ComponentScore(
+                comp.name,
+                comp.weight,
+                score.value,
+                None,
+                score.failure,
+                score.message,
+                detail,
+                routes,
+            )
+        return ComponentScore(
+            comp.name,
+            comp.weight,
+            score.value,
+            apply_transform(score.value, comp.transform) if score.value is not None else None,
+            None,
+            None,
+            detail,
+            routes,
+        )
 
     async def _score_program(self, program: ProgramSpec, item: RewardInput) -> Scored:
-        parts = await all_or_cancel(self._component(program, comp, item)
-                                    for comp in program.components)
+        parts = await all_or_cancel(
+            self._component(program, comp, item) for comp in program.components
+        )
         outcome = combine(program, parts, item.index)
         detail: dict[str, Any] = {
-            "index": item.index, "program": program.name,
+            "index": item.index,
+            "program": program.name,
             "components": [p.as_detail() for p in parts],
-            "failed": list(outcome.failed), "default_used": outcome.default_used}
+            "failed": list(outcome.failed),
+            "default_used": outcome.default_used,
+        }
         receipts = [r.receipt for p in parts for r in p.routes if r.receipt]
         if receipts:
             detail["receipts"] = receipts
-        return Scored(outcome.reward, detail, tuple(r for p in parts for r in p.routes),
-                      outcome.failed, tuple(p.failure or "" for p in parts if p.failure),
-                      outcome.default_used,
-                      {p.name: p.transformed if p.transformed is not None and not p.failure
-                       else 0.0 for p in parts})
+        return Scored(
+            outcome.reward,
+            detail,
+            tuple(r for p in parts for r in p.routes),
+            outcome.failed,
+            tuple(p.failure or "" for p in parts if p.failure),
+            outcome.default_used,
+            {
+                p.name: p.transformed if p.transformed is not None and not p.failure else 0.0
+                for p in parts
+            },
+        )
 
     def _score(self, target: Target, item: RewardInput) -> Awaitable[Scored]:
         if isinstance(target, ProgramSpec):
@@ -236,19 +277,26 @@ class RewardScorer:
         return self._score_model(target, item)
 
     @staticmethod
-    def _result(target: Target, scored: list[Scored], endpoint: str, body: dict[str, Any]
-                ) -> GatewayResult:
+    def _result(
+        target: Target, scored: list[Scored], endpoint: str, body: dict[str, Any]
+    ) -> GatewayResult:
         failures: list[ComponentFailure] = []
         defaults = 0
         if isinstance(target, ProgramSpec):
             for s in scored:
-                failures += [ComponentFailure(target.name, name, reason)
-                             for name, reason in zip(s.failures, s.reasons)]
+                failures += [
+                    ComponentFailure(target.name, name, reason)
+                    for name, reason in zip(s.failures, s.reasons)
+                ]
                 defaults += s.default_used
-        return GatewayResult(model=target.name, body=json.dumps(body, ensure_ascii=False).encode(),
-                             endpoint=endpoint, routes=_routes(scored),
-                             component_failures=tuple(failures),
-                             defaults_used=((target.name, defaults),) if defaults else ())
+        return GatewayResult(
+            model=target.name,
+            body=json.dumps(body, ensure_ascii=False).encode(),
+            endpoint=endpoint,
+            routes=_routes(scored),
+            component_failures=tuple(failures),
+            defaults_used=((target.name, defaults),) if defaults else (),
+        )
 
     async def rewards(self, raw: bytes) -> GatewayResult:
         req = validate(RewardsRequest, parse_json_object(raw))
@@ -256,8 +304,11 @@ class RewardScorer:
         inputs = [_item_input(i, it) for i, it in enumerate(req.items)]
         # one failed item fails the request: the others are cancelled (engines abort them)
         scored = await all_or_cancel(self._score(target, x) for x in inputs)
-        body = {"model": target.name, "rewards": [s.reward for s in scored],
-                "details": [s.detail for s in scored]}
+        body = {
+            "model": target.name,
+            "rewards": [s.reward for s in scored],
+            "details": [s.detail for s in scored],
+        }
         return self._result(target, scored, "/v1/rewards", body)
 
     async def get_reward(self, raw: bytes) -> GatewayResult:
@@ -266,21 +317,25 @@ class RewardScorer:
         prompts = req.prompts if req.prompts is not None else [""] * n
         labels = req.labels if req.labels is not None else [None] * n
         if len(prompts) != n or len(labels) != n:
-            raise InvalidSchema(f"query, prompts and labels must have one entry each "
-                                f"(got {n}, {len(prompts)}, {len(labels)})")
+            raise InvalidSchema(
+                f"query, prompts and labels must have one entry each "
+                f"(got {n}, {len(prompts)}, {len(labels)})"
+            )
         scored: list[Scored] = []
         target: Target | None = None
         if n:
             target = self.target(None)
             # a DisRM reads the whole query; a judge and the rules the question and the
             # answer as plain text
-            inputs = [RewardInput(i, prompt_text(p), response_text(q, p), _label_text(lab),
-                                  text=q, raw_label=lab)
-                      for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))]
+            inputs = [
+                RewardInput(
+                    i, prompt_text(p), response_text(q, p), _label_text(lab), text=q, raw_label=lab
+                )
+                for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))
+            ]
             scored = await all_or_cancel(self._score(target, x) for x in inputs)
         rewards = [s.reward for s in scored]
-        body = {"rewards": rewards, "scores": rewards,
-                "extra_logs": _extra_logs(target, scored)}
+        body = {"rewards": rewards, "scores": rewards, "extra_logs": _extra_logs(target, scored)}
         if target is None:
             return GatewayResult(model="", body=json.dumps(body).encode(), endpoint="/get_reward")
         result = self._result(target, scored, "/get_reward", body)
@@ -291,17 +346,22 @@ def _item_input(index: int, item: RewardItem) -> RewardInput:
     """A /v1/rewards item as every scorer sees it: the conversation with the response
     last (a DisRM), the last user turn as the question (a judge, the rules)."""
     if item.prompt is None and item.messages is None:
-        raise InvalidSchema(f"items[{index}]: one of `prompt` or `messages` is required",
-                            param="items")
-    msgs = list(item.messages) if item.messages is not None else \
-        [{"role": "user", "content": item.prompt}]
+        raise InvalidSchema(
+            f"items[{index}]: one of `prompt` or `messages` is required", param="items"
+        )
+    msgs = (
+        list(item.messages)
+        if item.messages is not None
+        else [{"role": "user", "content": item.prompt}]
+    )
     msgs.append({"role": "assistant", "content": item.response})
     prompt = item.prompt
     if prompt is None:
         users = [m.get("content") for m in item.messages or [] if m.get("role") == "user"]
         prompt = str(users[-1]) if users else ""
-    return RewardInput(index, prompt, item.response, _label_text(item.label), messages=msgs,
-                       raw_label=item.label)
+    return RewardInput(
+        index, prompt, item.response, _label_text(item.label), messages=msgs, raw_label=item.label
+    )
 
 
 def _extra_logs(target: Target | None, scored: list[Scored]) -> dict[str, list[float]]:

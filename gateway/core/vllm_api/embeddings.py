@@ -31,11 +31,23 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 def embeddings_from_classify(body: bytes, model: str, encoding_format: str) -> bytes:
     """vLLM's ``/classify`` answer as OpenAI's embeddings answer, item order kept."""
     out = json.loads(body)
-    data = [{"object": "embedding", "index": item.get("index", i),
-             "embedding": _encode([float(x) for x in item["probs"]], encoding_format)}
-            for i, item in enumerate(out.get("data", []))]
+    data = [
+        {
+            "object": "embedding",
+            "index": item.get("index", i),
+            "embedding": _encode([float(x) for x in item["probs"]], encoding_format),
+        }
+        for i, item in enumerate(out.get("data", []))
+    ]
     usage = out.get("usage") or {}
-    answer = {"id": str(out.get("id", "embd")), "object": "list", "model": model, "data": data,
-              "usage": {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
-                        "total_tokens": int(usage.get("total_tokens") or 0)}}
+    answer = {
+        "id": str(out.get("id", "embd")),
+        "object": "list",
+        "model": model,
+        "data": data,
+        "usage": {
+            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "total_tokens": int(usage.get("total_tokens") or 0),
+        },
+    }
     return json.dumps(answer, ensure_ascii=False, allow_nan=False).encode("utf-8")

@@ -17,9 +17,14 @@ from typing import Any
 from gateway.core.api.errors import StreamUnsupported
 from gateway.core.api.parsing import normalize_activation, parse_json_object, validate
 from gateway.core.api.results import EngineReply, GatewayResult, Route, key_hex
-from gateway.core.api.schemas import (ChatCompletionRequest, ClassifyRequest,
-                                      CompletionRequest, EmbeddingRequest, ModelCard,
-                                      ModelList)
+from gateway.core.api.schemas import (
+    ChatCompletionRequest,
+    ClassifyRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ModelCard,
+    ModelList,
+)
 from gateway.core.config.settings import ModelSpec
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
@@ -29,23 +34,39 @@ from gateway.core.vllm_api.requests import generative_request, pooling_requests
 
 logger = logging.getLogger("rmgate")
 
-GENERATE_SCHEMAS = {"/v1/chat/completions": ChatCompletionRequest,
-                    "/v1/completions": CompletionRequest}
+GENERATE_SCHEMAS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+}
 
 
-def generative_result(request: EngineRequest, route: Route, reply: EngineReply
-                      ) -> GatewayResult:
+def generative_result(request: EngineRequest, route: Route, reply: EngineReply) -> GatewayResult:
     """A generative engine request's answer as the request's typed outcome; an engine's
     non-200 raised as rmgate's error (with what was decided, for the headers)."""
-    result = GatewayResult(model=request.model.name, body=reply.body, key=request.key,
-                           routes=(route,), seed=request.seed,
-                           seed_derived=request.seed_derived, endpoint=request.path,
-                           max_tokens_clamped=request.max_tokens_clamped)
+    result = GatewayResult(
+        model=request.model.name,
+        body=reply.body,
+        key=request.key,
+        routes=(route,),
+        seed=request.seed,
+        seed_derived=request.seed_derived,
+        endpoint=request.path,
+        max_tokens_clamped=request.max_tokens_clamped,
+    )
     if logger.isEnabledFor(logging.DEBUG):  # not built per request unless asked for
-        logger.debug("request %s", json.dumps({
-            "endpoint": request.path, "model": request.model.name,
-            "key": key_hex(request.key), "slot": route.answered_by, "seed": request.seed,
-            "status": reply.status}))
+        logger.debug(
+            "request %s",
+            json.dumps(
+                {
+                    "endpoint": request.path,
+                    "model": request.model.name,
+                    "key": key_hex(request.key),
+                    "slot": route.answered_by,
+                    "seed": request.seed,
+                    "status": reply.status,
+                }
+            ),
+        )
     if reply.status != 200:
         raise engine_error(reply, result)
     return result
@@ -73,50 +94,67 @@ class VllmEndpoints:
     def __init__(self, router: Router) -> None:
         self.router = router
 
-    async def generate(self, path: str, raw: bytes, deadline: Deadline,
-                       use_cache: bool | None = None) -> GatewayResult:
+    async def generate(
+        self, path: str, raw: bytes, deadline: Deadline, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``/v1/chat/completions`` or ``/v1/completions`` (``path``)."""
         body = parse_json_object(raw)
         req = validate(GENERATE_SCHEMAS[path], body)
         if req.stream:
-            raise StreamUnsupported("stream=true is not supported: rmgate returns whole, "
-                                    "deterministic responses; send stream=false",
-                                    param="stream")
+            raise StreamUnsupported(
+                "stream=true is not supported: rmgate returns whole, "
+                "deterministic responses; send stream=false",
+                param="stream",
+            )
         spec = self.router.resolve_model(req.model, "generative")
-        request = generative_request(spec, path, body,
-                                     self.router.sampling_defaults[spec.name])
+        request = generative_request(spec, path, body, self.router.sampling_defaults[spec.name])
         route, reply = await self.router.answer(request, deadline, use_cache)
         return generative_result(request, route, reply)
 
-    async def pool(self, path: str, raw: bytes, deadline: Deadline,
-                   use_cache: bool | None = None) -> GatewayResult:
+    async def pool(
+        self, path: str, raw: bytes, deadline: Deadline, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``/classify`` or ``/pooling`` (``path``): one engine request per input."""
         body = normalize_activation(parse_json_object(raw))
         req = validate(ClassifyRequest, body)
         spec = self.router.resolve_model(req.model, "discriminative")
         return await self._pool(spec, path, body, deadline, use_cache)
 
-    async def embed(self, raw: bytes, deadline: Deadline,
-                    use_cache: bool | None = None) -> GatewayResult:
+    async def embed(
+        self, raw: bytes, deadline: Deadline, use_cache: bool | None = None
+    ) -> GatewayResult:
         """``/v1/embeddings`` for a DisRM: its ``/classify`` request with raw logits
         (``gateway.core.vllm_api.embeddings``), answered in OpenAI's embeddings shape."""
         req = validate(EmbeddingRequest, parse_json_object(raw))
         spec = self.router.resolve_model(req.model, "discriminative")
-        pooled = await self._pool(spec, "/classify", classify_body(req, spec.name), deadline,
-                                  use_cache)
-        return dataclasses.replace(pooled, endpoint="/v1/embeddings",
-                                   body=embeddings_from_classify(pooled.body, spec.name,
-                                                                 req.encoding_format))
+        pooled = await self._pool(
+            spec, "/classify", classify_body(req, spec.name), deadline, use_cache
+        )
+        return dataclasses.replace(
+            pooled,
+            endpoint="/v1/embeddings",
+            body=embeddings_from_classify(pooled.body, spec.name, req.encoding_format),
+        )
 
-    async def _pool(self, spec: ModelSpec, path: str, body: dict[str, Any],
-                    deadline: Deadline, use_cache: bool | None) -> GatewayResult:
+    async def _pool(
+        self,
+        spec: ModelSpec,
+        path: str,
+        body: dict[str, Any],
+        deadline: Deadline,
+        use_cache: bool | None,
+    ) -> GatewayResult:
         requests = pooling_requests(spec, path, body)
 
         async def item(index: int, request: EngineRequest) -> tuple[Route, EngineReply]:
             route, reply = await self.router.answer(request, deadline, use_cache)
             if reply.status != 200:  # fails the request now: its siblings are cancelled
-                err = engine_error(reply, GatewayResult(
-                    model=spec.name, key=requests.key, routes=(route,), endpoint=path))
+                err = engine_error(
+                    reply,
+                    GatewayResult(
+                        model=spec.name, key=requests.key, routes=(route,), endpoint=path
+                    ),
+                )
                 raise err.for_item(index) if requests.is_list else err
             return route, reply
 
@@ -125,13 +163,22 @@ class VllmEndpoints:
         routes = tuple(route for route, _ in routed)
         replies = [reply for _, reply in routed]
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("request %s", json.dumps({
-                "endpoint": path, "model": spec.name, "key": key_hex(requests.key),
-                "items": len(requests.items), "slots": [r.answered_by for r in routes]}))
-        body_out = (merge_pooling(replies, requests.key) if requests.is_list
-                    else replies[0].body)
-        return GatewayResult(model=spec.name, body=body_out, key=requests.key, routes=routes,
-                             endpoint=path)
+            logger.debug(
+                "request %s",
+                json.dumps(
+                    {
+                        "endpoint": path,
+                        "model": spec.name,
+                        "key": key_hex(requests.key),
+                        "items": len(requests.items),
+                        "slots": [r.answered_by for r in routes],
+                    }
+                ),
+            )
+        body_out = merge_pooling(replies, requests.key) if requests.is_list else replies[0].body
+        return GatewayResult(
+            model=spec.name, body=body_out, key=requests.key, routes=routes, endpoint=path
+        )
 
     async def models(self, timeout_s: float = 2.0) -> ModelList:
         """``/v1/models``: each model's slots, fingerprints, health, classes, self-test."""
@@ -139,27 +186,38 @@ class VllmEndpoints:
         cards = []
         for spec in config.models:
             n = router.slots.count(spec.name)
-            infos = await asyncio.gather(*(router.transport.describe(spec.name, s, timeout_s)
-                                           for s in range(n)))
-            health = await asyncio.gather(*(router.transport.health(spec.name, s, timeout_s)
-                                            for s in range(n)))
+            infos = await asyncio.gather(
+                *(router.transport.describe(spec.name, s, timeout_s) for s in range(n))
+            )
+            health = await asyncio.gather(
+                *(router.transport.health(spec.name, s, timeout_s) for s in range(n))
+            )
             modes = {i.mode for i in infos if i is not None}
             view = router.transport.slot_view(spec.name, n)
-            cards.append(ModelCard(
-                id=spec.name, kind=spec.kind, created=router.started_at,
-                aliases=config.model_names()[spec.name], max_model_len=spec.max_model_len,
-                determinism=modes.pop() if len(modes) == 1 else spec.determinism,
-                slots=n,
-                seed_policy=spec.seed.policy if spec.kind == "generative" else None,
-                fingerprints=[i.fingerprint if i else None for i in infos],
-                health=list(health),
-                selftest=[i.raw.get("selftest") if i else None for i in infos],
-                placement=config.gateway.placement,
-                numerics_classes=list(view.classes.classes),
-                classes=view.classes.groups,
-                drained={str(s): r for s in range(n)
-                         if (r := view.classes.drain_reason(s)) is not None},
-                numerics=[i.raw.get("numerics") if i else None for i in infos],
-                nodes=[i.raw.get("node") if i else None for i in infos],
-                scorer=spec.scorer.model_dump()))
+            cards.append(
+                ModelCard(
+                    id=spec.name,
+                    kind=spec.kind,
+                    created=router.started_at,
+                    aliases=config.model_names()[spec.name],
+                    max_model_len=spec.max_model_len,
+                    determinism=modes.pop() if len(modes) == 1 else spec.determinism,
+                    slots=n,
+                    seed_policy=spec.seed.policy if spec.kind == "generative" else None,
+                    fingerprints=[i.fingerprint if i else None for i in infos],
+                    health=list(health),
+                    selftest=[i.raw.get("selftest") if i else None for i in infos],
+                    placement=config.gateway.placement,
+                    numerics_classes=list(view.classes.classes),
+                    classes=view.classes.groups,
+                    drained={
+                        str(s): r
+                        for s in range(n)
+                        if (r := view.classes.drain_reason(s)) is not None
+                    },
+                    numerics=[i.raw.get("numerics") if i else None for i in infos],
+                    nodes=[i.raw.get("node") if i else None for i in infos],
+                    scorer=spec.scorer.model_dump(),
+                )
+            )
         return ModelList(data=cards, programs=[p.model_dump() for p in config.programs])

@@ -35,8 +35,9 @@ def clamp_max_tokens(body: dict[str, Any], max_model_len: int) -> tuple[str, int
     return clamped
 
 
-def generative_request(spec: ModelSpec, path: str, body: dict[str, Any],
-                       sampling_defaults: dict[str, Any]) -> EngineRequest:
+def generative_request(
+    spec: ModelSpec, path: str, body: dict[str, Any], sampling_defaults: dict[str, Any]
+) -> EngineRequest:
     """A chat or completion body for ``spec`` as its engine request (``body`` is changed
     in place: the model's own name, the output-token cap, no explicit null seed).
 
@@ -51,8 +52,9 @@ def generative_request(spec: ModelSpec, path: str, body: dict[str, Any],
     derived = False
     if seed is None:
         if spec.seed.policy == "require":
-            raise SeedRequired(f"model `{spec.name}` requires a `seed` (seed policy "
-                               "'require')", param="seed")
+            raise SeedRequired(
+                f"model `{spec.name}` requires a `seed` (seed policy 'require')", param="seed"
+            )
         if spec.seed.policy == "derive":
             seed, derived = derive_seed(key, spec.seed.base), True
     engine_body = {**sampling_defaults, **body}
@@ -83,15 +85,17 @@ def pooling_requests(spec: ModelSpec, path: str, body: dict[str, Any]) -> Poolin
     if body.get("input") is None:
         if body.get("messages") is None:
             raise InvalidSchema("one of `input` or `messages` is required", param="input")
-        return PoolingRequests([EngineRequest(spec, path, canonical_json(body), whole_key)],
-                               False, whole_key)
+        return PoolingRequests(
+            [EngineRequest(spec, path, canonical_json(body), whole_key)], False, whole_key
+        )
     inputs, is_list = split_inputs(body["input"])
     if not inputs:
         raise InvalidSchema("input must not be an empty list", param="input")
     if not is_list:  # one input: its item body is the whole body, so is its key
         item = {**body, "input": inputs[0]}
-        return PoolingRequests([EngineRequest(spec, path, canonical_json(item), whole_key)],
-                               False, whole_key)
+        return PoolingRequests(
+            [EngineRequest(spec, path, canonical_json(item), whole_key)], False, whole_key
+        )
     items = []
     for value in inputs:
         item = {**body, "input": value}

@@ -20,8 +20,7 @@ RECEIPT = re.compile(r"^[0-9a-f]{64}$")
 
 
 def router(auth: bool = True) -> APIRouter:
-    r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES,
-                  tags=["ledger"])
+    r = APIRouter(dependencies=auth_dependencies(auth), responses=ERROR_RESPONSES, tags=["ledger"])
 
     @r.get("/v1/ledger/{receipt}")
     async def ledger_row(receipt: str, request: Request) -> JSONResponse:
@@ -31,12 +30,17 @@ def router(auth: bool = True) -> APIRouter:
         if ledger is None:
             raise LedgerOff("this gateway keeps no ledger (gateway.ledger.backend: off)")
         if not RECEIPT.match(receipt):
-            raise InvalidRequest("a receipt is 64 lowercase hex characters (the "
-                                 "x-rmgate-receipt header)", param="receipt")
+            raise InvalidRequest(
+                "a receipt is 64 lowercase hex characters (the x-rmgate-receipt header)",
+                param="receipt",
+            )
         row = await ledger.row(receipt)
         if row is None:
-            raise ReceiptNotFound(f"no reward recorded under {receipt} (recorded rows reach "
-                                  "the store within the flush interval)", param="receipt")
+            raise ReceiptNotFound(
+                f"no reward recorded under {receipt} (recorded rows reach "
+                "the store within the flush interval)",
+                param="receipt",
+            )
         return JSONResponse(row.as_dict())
 
     return r
