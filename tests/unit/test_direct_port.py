@@ -91,6 +91,7 @@ async def test_a_client_that_leaves_cancels_the_handler():
 
 async def test_a_disconnect_after_the_answer_cancels_nothing():
     done = asyncio.Event()
+    cleaned_up = asyncio.Event()
 
     async def app(scope, receive, send):
         await receive()
@@ -98,14 +99,19 @@ async def test_a_disconnect_after_the_answer_cancels_nothing():
         await send({"type": "http.response.body", "body": b"ok"})
         done.set()  # uvicorn's receive answers http.disconnect once the response is complete
         await asyncio.sleep(0.05)  # cleanup after the answer: must not be cancelled
+        cleaned_up.set()
+
+    sent = []
 
     async def send(m):
-        pass
+        sent.append(m)
 
     wrapped = CancelOnDisconnect(app, max_body_bytes=100)
     await asyncio.wait_for(
         wrapped(SCOPE, client([{"type": "http.request", "body": b"{}"}], done), send), 5
     )
+    assert cleaned_up.is_set(), "the handler was cancelled after its answer"
+    assert sent[-1]["body"] == b"ok"
 
 
 async def test_a_body_over_the_limit_is_left_to_the_app_to_refuse():

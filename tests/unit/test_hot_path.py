@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.config.settings import AppConfig
 from gateway.core.service import RewardService
-from gateway.http.app import create_app
+from gateway.http.app import create_app, ingress_app
 from gateway.http.hot_path import HotPath, hot_routes
 from tests.unit.test_ingress import CONFIG, FakeTransport
 
@@ -100,3 +100,27 @@ def test_every_scoring_endpoint_of_the_app_is_on_the_hot_path():
         p for p in posts if p.startswith("/admin")
     }
     assert set(hot_routes()) <= posts
+
+
+async def test_scoring_posts_never_reach_fastapi_in_the_ingress_app():
+    """What an ingress replica serves (``ingress_app``) answers every scoring POST on the
+    hot path: FastAPI's app is never called for one (it is for everything else). Fails
+    when the hot path is left out or a route is missing from it."""
+    from gateway.http.routes import SCORING_ROUTES
+
+    app = ingress_app(RewardService(AppConfig.model_validate(CONFIG), FakeTransport()))
+    assert isinstance(app, HotPath)
+    reached = []
+    inner = app.app
+
+    async def counting(scope, receive, send):
+        reached.append(scope["path"])
+        await inner(scope, receive, send)
+
+    app.app = counting
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+        for route in SCORING_ROUTES:
+            await c.post(route.path, json={})
+        assert reached == []
+        await c.get("/health")
+    assert reached == ["/health"]
