@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.harness import cpu_accounting
 from gateway.harness.least_loaded import start_proxy
 from gateway.harness.processes import stop_process_group
 
 
+@pytest.mark.timing  # a CPU share: measured when no gateway is booting beside it
 def test_host_cores_busy_sees_a_busy_child():
     before = cpu_accounting.host_jiffies()
     spin = subprocess.Popen(
@@ -30,6 +33,7 @@ def test_host_cores_busy_counts_only_the_window():
     assert cpu_accounting.host_cores_busy((100, 1000), (500, 1400)) == (os.cpu_count() or 1)
 
 
+@pytest.mark.timing  # a CPU share: measured when no gateway is booting beside it
 def test_group_cpu_is_charged_to_the_group_that_spent_it():
     spin = subprocess.Popen(
         [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<0.6: pass"],
