@@ -378,7 +378,7 @@ def test_wheel_ships_the_demo_config_and_installs_outside_the_checkout(wheel, ve
         venv_python(
             venv,
             (
-                "import json, gateway, gateway.cli as c, deployments;"
+                "import json, gateway, gateway.cli.main as c, deployments;"
                 "print(json.dumps([gateway.__file__, deployments.__file__, c.in_checkout(),"
                 " str(c.demo_root())]))"
             ),
