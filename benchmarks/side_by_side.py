@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.replays import differing
 from deployments.engine.process import free_port
 from gateway.core.api.answers import answer_of
 from gateway.core.routing.hashing import slot_for_key
@@ -192,6 +193,26 @@ async def load(
     }
 
 
+async def replay(
+    urls: list[str], calls: list[tuple[str, dict]], runs: int = 3, concurrency: int = 32
+) -> dict[str, Any]:
+    """``calls`` replayed ``runs`` times, each in its own shuffled order at ``concurrency``;
+    answers that differ from the first run's, counted per later run and per request, and the
+    first run's answers (``answers``, by call index)."""
+    n = len(calls)
+    results = [
+        await load(urls, calls, concurrency, random.Random(s).sample(range(n), n))
+        for s in range(runs)
+    ]
+    return {
+        "requests": n,
+        "runs": runs,
+        "concurrency": concurrency,
+        **differing([r["answers"] for r in results]),
+        "answers": results[0]["answers"],
+    }
+
+
 def engine_urls(engines: Path, model: str, slots: int) -> list[str]:
     urls = []
     for s in range(slots):
@@ -318,21 +339,9 @@ async def measure(
             ("c_rmgate", [url], "rm"),
         ):
             calls = [rm_call(model, 10_000 + i) for i in range(n_det)]
-            runs = [
-                await load(urls, calls, 32, random.Random(s).sample(range(n_det), n_det))
-                for s in range(3)
-            ]
-            first = runs[0]["answers"]
-            differing = [sum(r["answers"][i] != first[i] for i in range(n_det)) for r in runs[1:]]
-            out["determinism"][name] = {
-                "requests": n_det,
-                "runs": 3,
-                "concurrency": 32,
-                "differing_run2_run3": differing,
-                "any_differing": sum(
-                    any(r["answers"][i] != first[i] for r in runs[1:]) for i in range(n_det)
-                ),
-            }
+            result = await replay(urls, calls)
+            del result["answers"]
+            out["determinism"][name] = result
             print(f"determinism {name}: {out['determinism'][name]}", flush=True)
         # 3. cost of determinism (through rmgate, concurrency 32)
         n_cost = 96 if quick else 400

@@ -56,6 +56,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.replays import differing
 from benchmarks.side_by_side import engine_urls, load
 from gateway.core.routing.hashing import slot_for_key
 from gateway.harness import cpu_accounting
@@ -135,8 +136,8 @@ def config(
         "request_timeout_s": 600,
         "placement": "class",
         "load_bound": 1.25,
-        "load_weight": load_weight,
         "canary_interval_s": 0,
+        "experimental": {"load_weight": load_weight},
     }
     compact = {
         "http_options": {"host": "127.0.0.1", "port": 8000},
@@ -163,7 +164,7 @@ def config(
     pinned["args"]["gateway"]["placement"] = "pinned"
     noqueue = copy.deepcopy(ingress)
     noqueue.update(name="rmgate-noqueue", route_prefix="/noqueue")
-    noqueue["args"]["gateway"]["class_queue"] = False
+    noqueue["args"]["gateway"]["experimental"]["class_queue"] = False
     rendered["applications"] += [pinned, noqueue]
     return rendered
 
@@ -369,20 +370,14 @@ async def replay(
         await client.run([url], calls, concurrency, random.Random(s).sample(range(n), n))
         for s in range(runs)
     ]
-    first = results[0]["answers"]
     return {
         "requests": n,
         "runs": runs,
         "concurrency": concurrency,
-        "differing_per_run": [
-            sum(r["answers"][i] != first[i] for i in range(n)) for r in results[1:]
-        ],
-        "any_differing": sum(
-            any(r["answers"][i] != first[i] for r in results[1:]) for i in range(n)
-        ),
+        **differing([r["answers"] for r in results]),
         "req_per_s": [r["req_per_s"] for r in results],
         "slots": results[-1]["slots"],
-        "first": first,
+        "first": results[0]["answers"],
     }
 
 

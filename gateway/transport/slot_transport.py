@@ -130,7 +130,7 @@ class SlotTransport:
     def _service_s(self, model: str, slots: Iterable[int]) -> dict[int, float]:
         """Each slot's seconds per answer, where placement weighs loads by it
         (``load_weight: answer_time``); empty otherwise (every request counts as one)."""
-        if self.settings.load_weight != "answer_time":
+        if self.settings.experimental.load_weight != "answer_time":
             return {}
         return {
             s: times.seconds()
@@ -190,9 +190,13 @@ class SlotTransport:
         ``DeadlineExceeded`` (504) then."""
         candidates = placement.candidates
         admitted: SlotGate | None = None
-        if placement.within_class and len(candidates) > 1 and self.settings.class_queue:
+        if (
+            placement.within_class
+            and len(candidates) > 1
+            and self.settings.experimental.class_queue
+        ):
             members = self._class_mates(model, placement)
-            weighed = self.settings.load_weight == "answer_time"
+            weighed = self.settings.experimental.load_weight == "answer_time"
             admitted, candidates = await admit_in_class(
                 placement,
                 members,

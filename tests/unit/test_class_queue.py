@@ -108,7 +108,7 @@ HOME0 = Placement(((0, 0.0), (1, 120.0)), home=0, numerics_class="A", within_cla
 
 @pytest.mark.parametrize("class_queue", [True, False])
 async def test_requests_behind_a_stalled_slot_go_to_the_free_class_mate(class_queue: bool):
-    t, release = _stalled_and_free(class_queue=class_queue)
+    t, release = _stalled_and_free(experimental={"class_queue": class_queue})
     await _describe(t)
     tasks = [
         asyncio.ensure_future(t.post("m", HOME0, "/classify", b"{}", within(30))) for _ in range(6)
@@ -287,7 +287,7 @@ async def test_weighed_by_answer_times_the_queue_leaves_the_slow_mates_place_to_
     second place at once."""
     from gateway.transport.answer_times import AnswerTimes
 
-    t, release = _stalled_and_free(load_weight=load_weight)
+    t, release = _stalled_and_free(experimental={"load_weight": load_weight})
     release.set()
     for h in t.directory.handles["m"]:
         h.info["max_inflight"] = 2

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from benchmarks.slow_slot import ENGINE, ENGINE_GPU, config
+from gateway.core.config.settings import GatewaySettings
 
 
 def _slots(cfg: dict) -> dict[str, dict]:
@@ -21,8 +23,8 @@ def test_three_ingresses_share_six_slots(gpu):
     ingresses = {a["route_prefix"]: a for a in cfg["applications"] if "models" in a["args"]}
     assert set(ingresses) == {"/", "/pinned", "/noqueue"}
     assert ingresses["/pinned"]["args"]["gateway"]["placement"] == "pinned"
-    assert ingresses["/noqueue"]["args"]["gateway"]["class_queue"] is False
-    assert ingresses["/"]["args"]["gateway"]["load_weight"] == "answer_time"
+    assert ingresses["/noqueue"]["args"]["gateway"]["experimental"]["class_queue"] is False
+    assert ingresses["/"]["args"]["gateway"]["experimental"]["load_weight"] == "answer_time"
     slots = _slots(cfg)
     assert sorted(slots) == ["judge-0", "judge-1", "rm-0", "rm-1", "rm-off-0", "rm-off-1"]
     modes = {n: s["determinism"] for n, s in slots.items()}
@@ -50,3 +52,13 @@ def test_the_gpu_run_fits_one_gpu_and_builds_its_models_on_the_device():
     cpu = _slots(config(Path("/m")))
     assert "num_gpus" not in (cpu["rm-0"].get("ray_actor_options") or {})
     assert cpu["rm-off-0"]["model_path"] == "/m/disrm-large"
+
+
+def test_experimental_switches_live_in_their_own_section():
+    """``load_weight`` and ``class_queue`` exist to reproduce the benchmark's controls: set at
+    ``gateway`` they are refused with the section they belong in, set there they apply."""
+    with pytest.raises(ValidationError, match="class_queue: set under gateway.experimental"):
+        GatewaySettings.model_validate({"class_queue": False})
+    settings = GatewaySettings.model_validate({"experimental": {"class_queue": False}})
+    assert settings.experimental.class_queue is False
+    assert GatewaySettings().experimental.load_weight == "answer_time"

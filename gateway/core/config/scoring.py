@@ -387,13 +387,10 @@ class ProgramSpec(BaseModel):
             raise ValueError(f"program {self.name!r}: component names must be unique: {names}")
         return self
 
-    def policy_name(self) -> str:
-        return "default" if isinstance(self.on_failure, DefaultOnFailure) else self.on_failure
 
-
-def scorer_from_legacy(kind: str, value: Any) -> Any:
-    """A model's ``scorer`` as configs wrote it before scorer types: no ``type`` means the
-    kind's default (``judge_text`` for a GRM, ``logit`` for a DisRM)."""
+def scorer_with_default_type(kind: str, value: Any) -> Any:
+    """A model's ``scorer`` may leave out ``type``: the kind's default then (``judge_text`` for
+    a GRM, ``logit`` for a DisRM), so a config names only what it changes."""
     if value is None:
         return {"type": default_scorer_type(kind)}
     if isinstance(value, dict) and "type" not in value:

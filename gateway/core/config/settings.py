@@ -17,7 +17,7 @@ from gateway.core.config.scoring import (
     SCORER_KINDS,
     ModelScorerSpec,
     ProgramSpec,
-    scorer_from_legacy,
+    scorer_with_default_type,
 )
 
 Kind = Literal["generative", "discriminative"]
@@ -240,7 +240,7 @@ class ModelSpec(BaseModel):
     selftest: Literal["auto", "always", "never"] = Field(
         default="auto",
         description=(
-            "The start-up self-test (deployments/selftest.py): `auto` runs it when the slot "
+            "The start-up self-test (deployments/engine/selftest.py): `auto` runs it when the slot "
             "batches under `batch_invariant`; `always` also under `off` (batch only where the "
             "probes prove it safe); `never` skips it. A failure restarts the slot's engine under "
             "`serialize` and says why in /v1/models."
@@ -263,9 +263,10 @@ class ModelSpec(BaseModel):
             "`serialize` only: requests the ingress lets into a slot's engine at once. The engine"
             " itself computes one sequence at a time (`max_num_seqs=1`, no prefix cache, no "
             "chunked prefill) in arrival order, so more than one only queues inside the engine: "
-            "it hides the ingress <-> engine round trip (measured: benchmarks/README.md, slow "
-            "slot) without changing a bit (tests/integration/test_negative_control.py). 1 "
-            "serializes at the ingress as well."
+            "it hides the ingress <-> engine round trip without changing a bit "
+            "(tests/integration/test_negative_control.py). 1 serializes at the ingress as well, "
+            "which can be faster where the engine's own queue costs more than the round trip "
+            "(docs/benchmarks.md)."
         ),
         default=4,
         ge=1,
@@ -291,7 +292,7 @@ class ModelSpec(BaseModel):
     @classmethod
     def _scorer_type(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("kind") in SCORER_KINDS.values():
-            data = {**data, "scorer": scorer_from_legacy(data["kind"], data.get("scorer"))}
+            data = {**data, "scorer": scorer_with_default_type(data["kind"], data.get("scorer"))}
         return data
 
     @model_validator(mode="after")
@@ -427,6 +428,37 @@ class LedgerSettings(BaseModel):
         return self.dsn or os.environ.get(self.dsn_env) or None
 
 
+class ExperimentalSettings(BaseModel):
+    """Placement parts a benchmark can switch off to measure them one at a time; the defaults
+    are what rmgate runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    load_weight: Literal["count", "answer_time"] = Field(
+        default="answer_time",
+        description=(
+            "What bounded load weighs a class mate's requests by: `answer_time` (each request as "
+            "many as the slot's round trip is longer than its fastest mate's: a throttled engine "
+            "shows before its queue builds; the class queue weighs by it too, "
+            "`placement.takes_waiter`) or `count` (in flight + queued, each 1)."
+        ),
+    )
+    class_queue: bool = Field(
+        default=True,
+        description=(
+            "`placement: class`: a request whose chosen slot has no room (its engine holds as "
+            "many as its mode lets in) waits at every class mate's gate at once and goes to the "
+            "first that frees a place, instead of queueing behind one slot (a stalled engine's "
+            "queue) while a mate is free. Same bits whichever answers. False: it waits at the "
+            "slot bounded load chose."
+        ),
+    )
+
+
+#: Keys that live under ``gateway.experimental``: named in the error a config that sets them
+#: at ``gateway`` gets.
+EXPERIMENTAL_KEYS = frozenset(ExperimentalSettings.model_fields)
+
+
 class GatewaySettings(BaseModel):
     """Ingress-wide settings."""
 
@@ -478,7 +510,7 @@ class GatewaySettings(BaseModel):
             "(bitwise the same answers): its own slot first, another class mate under load "
             "(bounded load, `load_bound`) or at once when its own slot is unreachable or drained."
             " `pinned`: only by its own slot (`failover` then decides what a dead slot's requests"
-            " do), the behaviour before numerics classes."
+            " do): for a deployment that wants each key on one engine only."
         ),
     )
     load_bound: float = Field(
@@ -488,29 +520,6 @@ class GatewaySettings(BaseModel):
         ),
         default=1.25,
         ge=1.0,
-    )
-    load_weight: Literal["count", "answer_time"] = Field(
-        default="answer_time",
-        description=(
-            "What bounded load weighs a class mate's requests by: `count` (in flight + queued, "
-            "each 1) or `answer_time` (each request as many as the slot's round trip is longer "
-            "than its fastest mate's: a throttled engine shows before its queue builds; the class"
-            " queue weighs by it too, `placement.takes_waiter`). `answer_time` is the default "
-            "since the slow-slot benchmark's full runs of 2026-12-02 (second session): class "
-            "placement over the least-loaded proxy at c = 1/8/32/128 was DisRM "
-            "1.73/0.87/0.95/1.34 and GRM 2.25/1.66/2.42/3.27 with it, against DisRM "
-            "1.78/0.82/0.84/1.00 and GRM 2.30/0.88/2.47/4.12 with `count` (benchmarks/README.md)."
-        ),
-    )
-    class_queue: bool = Field(
-        default=True,
-        description=(
-            "`placement: class`: a request whose chosen slot has no room (its engine holds as "
-            "many as its mode lets in) waits at every class mate's gate at once and goes to the "
-            "first that frees a place, instead of queueing behind one slot (a stalled engine's "
-            "queue) while a mate is free. Same bits whichever answers. False: it waits at the "
-            "slot bounded load chose, as before."
-        ),
     )
     class_policy: Literal["strict", "mixed"] = Field(
         default="strict",
@@ -602,6 +611,13 @@ class GatewaySettings(BaseModel):
         "run at once; a check past its `timeout_s` has its worker "
         "ended and replaced.",
     )
+    experimental: ExperimentalSettings = Field(
+        default_factory=lambda: ExperimentalSettings(),
+        description=(
+            "Switches that turn off parts of placement, kept so that the benchmarks can measure "
+            "what each part is worth (`benchmarks/slow_slot.py`). Leave them at their defaults."
+        ),
+    )
     api_keys_env: str = Field(
         default="RMGATE_API_KEYS",
         description=(
@@ -613,6 +629,18 @@ class GatewaySettings(BaseModel):
     api_keys_file: str | None = Field(
         default=None, description="A file of API keys, one per line (with `api_keys_env`)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _experimental_keys_in_their_section(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            misplaced = sorted(EXPERIMENTAL_KEYS & data.keys())
+            if misplaced:
+                raise ValueError(
+                    f"{', '.join(misplaced)}: set under gateway.experimental "
+                    "(switches a benchmark uses to turn a part of placement off)"
+                )
+        return data
 
     @field_validator("cache", mode="before")
     @classmethod
