@@ -1,6 +1,6 @@
 """Turn a model's determinism policy into vLLM server arguments and environment.
 
-The policy (docs/design.md, "Determinism policy") resolves per platform:
+The policy (docs/architecture.md, "Determinism policy") resolves per platform:
 
 * ``auto`` on CUDA with compute capability >= 8.0 -> ``batch_invariant``; elsewhere
   (vLLM CPU included) -> ``serialize``.
@@ -130,7 +130,7 @@ def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
 
 
 def needs_selftest(spec: ModelSpec, mode: str) -> bool:
-    """Whether a slot must prove alone == batched before serving (deployments/selftest.py)."""
+    """Whether a slot must prove alone == batched before serving (deployments/engine/selftest.py)."""
     if spec.selftest == "never" or mode == "serialize":
         return False
     return mode == "batch_invariant" or spec.selftest == "always"

@@ -3,7 +3,7 @@
 One deployment per slot (``<model>-0 … <model>-(N-1)``) rather than N replicas of one
 deployment: the slot index lives in the deployment name, so it survives restarts (Ray's
 replica ids do not), routing by key needs no custom request router, and a dead slot does
-not stall requests bound for healthy ones (docs/design.md, "Topology").
+not stall requests bound for healthy ones (docs/architecture.md, "Topology").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The test suite and the benchmarks share this code, so it lives in the installed package and
 both import it normally (``from gateway.harness.running import running_gateway``) instead
 of one importing the other's files. It runs without pytest (the GPU benchmarks run it on a
-lent machine as is) and imports no vLLM; nothing on the serving path imports it.
+GPU host as is) and imports no vLLM; nothing on the serving path imports it.
 
 * ``processes``: find the processes a gateway started (by a marker in their environment,
   by process group, the engine launcher on a port) and end them by id;

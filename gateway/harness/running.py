@@ -1,5 +1,5 @@
 """Start and stop a real ``rmgate serve`` for benchmarks and tests (no pytest needed, so the
-GPU benchmark runs on the lent machine as is), and read what it reports.
+GPU benchmark runs on a GPU host as is), and read what it reports.
 """
 
 from __future__ import annotations

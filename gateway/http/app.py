@@ -1,6 +1,6 @@
 """The HTTP surface: a FastAPI app over one ``RewardService``.
 
-``create_app(gateway)`` assembles the routers (engine-shaped, rewards, ops), the error
+``create_app(gateway)`` assembles the routers (scoring from ``routes``, the ledger, ops), the error
 handlers and auth; the gateway lives in ``app.state.gateway`` (no module globals). It works
 without Ray: unit tests drive it with a fake transport, and the Serve ingress
 (``gateway.serve.app``) builds it inside its replica.

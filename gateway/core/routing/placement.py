@@ -114,12 +114,12 @@ def takes_waiter(
     mate after its own in-flight ones and its share of the queue. Unweighted (``count``)
     a free place always takes it; weighed by answer times (``answer_time``), a slot ten
     times slower than its mate keeps its second place free until the mate's queue is
-    ten deep, where the first free place used to take any waiter (measured: the slow slot
-    answered 30 of 200 DisRM requests at c=8, three times its speed share). An idle slot
-    always takes one, as bounded load's idle slot takes its own keys: its answers add to
-    the class's rate, and one request at a time bounds what waits on it (measured without
-    this: the slow slot sat idle between its own keys, 13-14 of 200 DisRM requests, and
-    class placement gave 0.81-0.82x the least-loaded proxy at c=8, which kept it busy)."""
+    ten deep: were the first free place to take any waiter, a slow slot would answer far
+    more than its speed's share (the slow-slot benchmark, ``benchmarks/slow_slot.py``,
+    measures both). An idle slot always takes one, as bounded load's idle slot takes its
+    own keys: its answers add to the class's rate, and one request at a time bounds what
+    waits on it; without this a slow slot sits idle between its own keys while its mate
+    queues."""
     others = [s for s in inflight if s != slot]
     if not others or inflight[slot] == 0:
         return True
