@@ -30,12 +30,12 @@ from gateway.core.config.scoring import ComponentSpec, ProgramSpec
 from gateway.core.config.settings import ModelSpec
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
-from gateway.core.routing.router import EngineRequest, Router, engine_error
+from gateway.core.routing.router import EngineRequest, Router
 from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
 from gateway.core.scoring.chat_text import prompt_text, response_text
 from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
 from gateway.core.scoring.registry import Scorers
-from gateway.core.vllm_api.endpoints import generative_result
+from gateway.core.vllm_api.endpoints import answer_pooled, generative_result
 from gateway.core.vllm_api.requests import generative_request, pooling_requests
 
 
@@ -159,14 +159,9 @@ class RewardScorer:
             else:
                 requests = pooling_requests(spec, call.path, body)
                 request = requests.items[0]  # a scorer's pooling body holds one input
-                route, reply = await self.router.answer(request, self.deadline, self.use_cache)
-                if reply.status != 200:
-                    raise engine_error(
-                        reply,
-                        GatewayResult(
-                            model=spec.name, key=requests.key, routes=(route,), endpoint=call.path
-                        ),
-                    )
+                route, reply = await answer_pooled(
+                    self.router, requests, 0, self.deadline, self.use_cache
+                )
         except RmgateError as err:
             raise err.for_item(index) from err
         return json.loads(reply.body), route, _route_detail(request, route)

@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from gateway.core.api.errors import StreamUnsupported
+from gateway.core.api.errors import RmgateError, StreamUnsupported
 from gateway.core.api.parsing import normalize_activation, parse_json_object, validate
 from gateway.core.api.results import EngineReply, GatewayResult, Route, key_hex
 from gateway.core.api.schemas import (
@@ -30,7 +30,7 @@ from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.router import EngineRequest, Router, engine_error
 from gateway.core.vllm_api.embeddings import classify_body, embeddings_from_classify
-from gateway.core.vllm_api.requests import generative_request, pooling_requests
+from gateway.core.vllm_api.requests import PoolingRequests, generative_request, pooling_requests
 
 logger = logging.getLogger("rmgate")
 
@@ -70,6 +70,27 @@ def generative_result(request: EngineRequest, route: Route, reply: EngineReply) 
     if reply.status != 200:
         raise engine_error(reply, result)
     return result
+
+
+async def answer_pooled(
+    router: Router,
+    requests: PoolingRequests,
+    index: int,
+    deadline: Deadline,
+    use_cache: bool | None,
+) -> tuple[Route, EngineReply]:
+    """Input ``index`` of a pooling body, answered; an engine's non-200 raised as rmgate's
+    error, named for the whole body (``requests.key``)."""
+    request = requests.items[index]
+    route, reply = await router.answer(request, deadline, use_cache)
+    if reply.status != 200:
+        raise engine_error(
+            reply,
+            GatewayResult(
+                model=request.model.name, key=requests.key, routes=(route,), endpoint=request.path
+            ),
+        )
+    return route, reply
 
 
 def merge_pooling(replies: list[EngineReply], whole_key: int) -> bytes:
@@ -146,20 +167,16 @@ class VllmEndpoints:
     ) -> GatewayResult:
         requests = pooling_requests(spec, path, body)
 
-        async def item(index: int, request: EngineRequest) -> tuple[Route, EngineReply]:
-            route, reply = await self.router.answer(request, deadline, use_cache)
-            if reply.status != 200:  # fails the request now: its siblings are cancelled
-                err = engine_error(
-                    reply,
-                    GatewayResult(
-                        model=spec.name, key=requests.key, routes=(route,), endpoint=path
-                    ),
-                )
-                raise err.for_item(index) if requests.is_list else err
-            return route, reply
+        async def item(index: int) -> tuple[Route, EngineReply]:
+            try:
+                return await answer_pooled(self.router, requests, index, deadline, use_cache)
+            except RmgateError as err:  # fails the request now: its siblings are cancelled
+                if not requests.is_list:
+                    raise
+                raise err.for_item(index) from err
 
         # one failed item fails the request: its siblings are cancelled (engines abort them)
-        routed = await all_or_cancel(item(i, r) for i, r in enumerate(requests.items))
+        routed = await all_or_cancel(item(i) for i in range(len(requests.items)))
         routes = tuple(route for route, _ in routed)
         replies = [reply for _, reply in routed]
         if logger.isEnabledFor(logging.DEBUG):
