@@ -23,6 +23,7 @@ import json
 import pstats
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -195,6 +196,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--profile", choices=[n for n, _, _ in REQUESTS])
+    ap.add_argument("--out", type=Path, help="also write the result (every round) here as JSON")
     args = ap.parse_args()
     if args.profile:
         profile(args.profile, args.requests)
@@ -204,6 +206,10 @@ def main() -> None:
     for name, r in result.items():
         print(f"{name:10} {r['gateway_ms']:11.3f} {r['bare_ms']:8.3f} {r['ratio']:6.2f}")
     print(json.dumps(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency}
+        args.out.write_text(json.dumps({**meta, "requests_measured": result}, indent=2))
 
 
 if __name__ == "__main__":
