@@ -191,6 +191,21 @@ def plain_engine(request, demo_models, tmp_path_factory):
         teardown()
 
 
+@pytest.fixture(scope="module")
+def least_loaded(plain_engine):
+    """The least-loaded baseline proxy (gateway.harness.least_loaded) in front of the plain
+    engine."""
+    from gateway.harness.least_loaded import start_proxy
+
+    engine, logs = plain_engine
+    engine.wait_ready(600)
+    proc, url = start_proxy([engine.url], logs)
+    try:
+        yield url
+    finally:
+        stop_process_group(proc, grace_s=10)
+
+
 def plain_wide_disrm(demo_models: Path, name: str):
     """A started (not yet ready) plain vLLM engine of the wide DisRM, ``determinism: off``
     (vLLM's defaults: batching), the negative controls' engine; the caller stops it."""

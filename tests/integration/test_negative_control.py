@@ -20,29 +20,16 @@ values.
 from __future__ import annotations
 
 import asyncio
-import random
 
 import httpx
 import pytest
 
+from tests.integration.control_inputs import SHORT, long_inputs
+
 pytestmark = pytest.mark.integration
 
-# One-token inputs (printable ASCII) and a few short strings.
-SHORT = [chr(c) for c in range(33, 97)] + ["ab", "cd", "2+2=4", "xyz"]
-
-
-def _long_inputs(seed: int, n: int = 24) -> list[str]:
-    """``n`` random printable strings of 300-470 characters (byte-level tokenizer: as many
-    tokens), fitting ``max_model_len: 512``; each seed gives inputs no other test sent."""
-    rng = random.Random(seed)
-    return [
-        "".join(chr(rng.randrange(33, 127)) for _ in range(rng.randrange(300, 470)))
-        for _ in range(n)
-    ]
-
-
-INPUTS = SHORT + _long_inputs(seed=12)
-CHECK_INPUTS = SHORT + _long_inputs(seed=13)  # fresh to the plain engine for the verifier
+INPUTS = SHORT + long_inputs(seed=12)
+CHECK_INPUTS = SHORT + long_inputs(seed=13)  # fresh to the plain engine for the verifier
 
 
 @pytest.fixture(scope="module")

@@ -61,21 +61,6 @@ def trl_python() -> str:
     return python
 
 
-@pytest.fixture(scope="module")
-def least_loaded(plain_engine):
-    """The least-loaded baseline proxy (gateway.harness.least_loaded) in front of the plain
-    engine."""
-    from gateway.harness.least_loaded import start_proxy
-
-    engine, logs = plain_engine
-    engine.wait_ready(600)
-    proc, url = start_proxy([engine.url], logs)
-    try:
-        yield url
-    finally:
-        stop_process_group(proc, grace_s=10)
-
-
 def _start(python: str, out: Path, url: str, *extra: str) -> subprocess.Popen:
     env = {
         **os.environ,
