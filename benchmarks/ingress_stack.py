@@ -476,7 +476,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from gateway.serve.app import Gateway
+    from gateway.serve.app import IngressReplica
 
     engine_url = f"http://127.0.0.1:{engine_port}"
     with canned_engine(engine_port, args.answer, args.engine_delay_ms):
@@ -490,7 +490,7 @@ def main() -> None:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port})
             slots = CannedSlots(engine_url, ["rm", "judge"])
             serve.run(
-                Gateway.options(num_replicas=args.replicas).bind(
+                IngressReplica.options(num_replicas=args.replicas).bind(
                     gateway_config(direct_port), slots
                 ),
                 name="rmgate",
