@@ -130,7 +130,8 @@ def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
 
 
 def needs_selftest(spec: ModelSpec, mode: str) -> bool:
-    """Whether a slot must prove alone == batched before serving (deployments/engine/selftest.py)."""
+    """Whether a slot must prove alone == batched before serving
+    (deployments/engine/selftest.py)."""
     if spec.selftest == "never" or mode == "serialize":
         return False
     return mode == "batch_invariant" or spec.selftest == "always"
