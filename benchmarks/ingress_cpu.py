@@ -77,10 +77,12 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def gateway_app() -> ASGIApp:
+def gateway_app(hot_path: bool = True) -> ASGIApp:
     """The app as the ingress replica serves it (``gateway.serve.app``: the hot path in
-    front of FastAPI)."""
-    return HotPath(create_app(RewardService(AppConfig.model_validate(CONFIG), CannedTransport())))
+    front of FastAPI); ``hot_path=False``: FastAPI alone, the anchor that shows what the hot
+    path saves."""
+    app = create_app(RewardService(AppConfig.model_validate(CONFIG), CannedTransport()))
+    return HotPath(app) if hot_path else app
 
 
 def bare_app() -> ASGIApp:
@@ -154,8 +156,14 @@ async def measure(
     rounds: int = 5,
     concurrency: int = 32,
     names: tuple[str, ...] = ("classify", "chat", "rewards"),
+    hot_path: bool = True,
+    with_fastapi: bool = False,
 ) -> dict[str, Any]:
-    apps = {"gateway": gateway_app(), "bare": bare_app()}
+    """Per request: the gateway's CPU ms, the bare route's, their ratio; ``with_fastapi``
+    also measures the app without the hot path in the same rounds (``fastapi_ratio``)."""
+    apps = {"gateway": gateway_app(hot_path), "bare": bare_app()}
+    if with_fastapi:
+        apps["fastapi"] = gateway_app(hot_path=False)
     out: dict[str, Any] = {}
     for name, path, obj in REQUESTS:
         if name not in names:
@@ -174,6 +182,7 @@ async def measure(
             "gateway_ms": round(med["gateway"], 4),
             "bare_ms": round(med["bare"], 4),
             "ratio": round(med["gateway"] / med["bare"], 2),
+            **({"fastapi_ratio": round(med["fastapi"] / med["bare"], 2)} if with_fastapi else {}),
             "rounds": {k: [round(x, 4) for x in v] for k, v in runs.items()},
         }
     return out
@@ -197,18 +206,27 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--profile", choices=[n for n, _, _ in REQUESTS])
     ap.add_argument("--out", type=Path, help="also write the result (every round) here as JSON")
+    ap.add_argument(
+        "--fastapi-only", action="store_true", help="the app without the hot path in front"
+    )
     args = ap.parse_args()
     if args.profile:
         profile(args.profile, args.requests)
         return
-    result = asyncio.run(measure(args.requests, args.rounds, args.concurrency))
+    hot_path = not args.fastapi_only
+    result = asyncio.run(measure(args.requests, args.rounds, args.concurrency, hot_path=hot_path))
     print(f"{'request':10} {'gateway ms':>11} {'bare ms':>8} {'ratio':>6}")
     for name, r in result.items():
         print(f"{name:10} {r['gateway_ms']:11.3f} {r['bare_ms']:8.3f} {r['ratio']:6.2f}")
     print(json.dumps(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency}
+        meta = {
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "concurrency": args.concurrency,
+            "hot_path": hot_path,
+        }
         args.out.write_text(json.dumps({**meta, "requests_measured": result}, indent=2))
 
 

@@ -3,9 +3,10 @@ aiohttp (the anchor: the client the ingress used before) in the same test, the s
 to the same canned engine (``benchmarks/engine_client_cpu.py``). A ratio, never an absolute
 time: a change that makes every engine call cost more shows here on every run.
 
-Measured (2 cores, nothing else running, the benchmark's 4,000 requests x 3 rounds):
-0.23-0.25x aiohttp for ``/classify`` and for a 12 kB judge answer. The bound leaves room for
-a noisy host, not for losing most of the gain.
+Measured (2 cores, nothing else running): this test's settings 0.21-0.23x aiohttp for
+``/classify`` and for a 12 kB judge answer (two runs); the benchmark's 4,000 requests x 3
+rounds 0.23x / 0.22x (``reports/engine_client_cpu-2026-12-05.json``). The bound is ~1.5x
+what is measured (a shared host's noise on a 0.03 ms figure); aiohttp in its place is 1.0x.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from deployments.engine.process import free_port
 pytestmark = pytest.mark.timing  # asserts CPU shares: run when the machine is quiet
 
 #: The largest ratio (rmgate's client / aiohttp) accepted.
-BOUND = 0.6
+BOUND = 0.33
 
 
 def test_the_engine_client_costs_a_fraction_of_aiohttps_cpu():
