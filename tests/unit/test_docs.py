@@ -102,3 +102,38 @@ def test_the_docs_speak_of_the_project_and_its_users(doc):
         "budget_left",
     ):
         assert phrase not in text, f"{doc.name}: {phrase!r}"
+
+
+RESULT_FILE = re.compile(r"`((?:benchmarks/)?(?:gpu/)?(?:reports|results)/[\w.-]+\.(?:json|md))`")
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [*DOCS, ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "gpu" / "H200-RESULTS.md"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_result_file_a_doc_cites_is_committed(doc):
+    """A figure's source is named as a file path in backquotes; each named file exists, so a
+    figure cannot cite a run that was never committed (``…`` and ``*`` abbreviations name a
+    family of files and are not checked)."""
+    text = doc.read_text(encoding="utf-8")
+    base = ROOT / "benchmarks" if doc.parent.name == "benchmarks" else ROOT
+    if doc.parent.name == "gpu":
+        base = doc.parent
+    cited = RESULT_FILE.findall(text)
+    missing = [
+        c
+        for c in cited
+        if not (ROOT / c).is_file()
+        and not (base / c).is_file()
+        and not (ROOT / "benchmarks" / c).is_file()
+    ]
+    assert missing == [], f"{doc.name} cites files that are not in the repository: {missing}"
+    assert "TBD(" not in text, f"{doc.name} has a figure still to be measured"
+
+
+def test_the_benchmarks_readme_stays_readable():
+    """Current results first, at most 25 KB; superseded runs go to benchmarks/reports/."""
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode()) <= 25_000
+    assert text.index("## Current results") < text.index("## GPU")
