@@ -292,7 +292,7 @@ def _trained(spec: DemoModelSpec, weights: dict[str, Any]) -> dict[str, Any]:
     cfg._attn_implementation = "eager"
     torch.manual_seed(spec.seed)
     cls = Qwen2ForCausalLM if spec.kind == "generative" else Qwen2ForSequenceClassification
-    model = cls(cfg).to(torch.float32)  # type: ignore[arg-type]  # transformers' .to stub
+    model = cls(cfg).to(torch.float32)
     state = dict(weights)
     if spec.kind == "generative":
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
