@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.engine.guard import SECRET_ENV
+from deployments.engine.vllm_server import SPIN_ENV
 from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
 from gateway.core.routing.engine_access import engine_auth
+
+
+#: How long an engine process on a CPU host busy-waits for its next message before it
+#: sleeps on a socket (``deployments.engine.vllm_server``; vLLM's own: 1 s).
+CPU_ENGINE_SPIN_S = "0.002"
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,8 @@ def plan_engine(
     }
     if platform.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        # the cores are the engines' compute: no second-long spin after each message
+        env[SPIN_ENV] = CPU_ENGINE_SPIN_S
         if spec.cpu_cores_per_slot and "VLLM_CPU_OMP_THREADS_BIND" not in spec.engine_env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = slot_cpu_binding(
                 slot, spec.cpu_cores_per_slot, sorted(os.sched_getaffinity(0))

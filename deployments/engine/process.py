@@ -50,18 +50,22 @@ class EngineProcess:
         self.log_path = log_dir() / f"{name}-{port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
-        env = {**os.environ, **self.plan.env}
-        cmd = [
+    def command(self) -> list[str]:
+        """The launcher, and under it vLLM's server (through ``vllm_server``)."""
+        return [
             sys.executable,
             "-m",
             "deployments.engine.launcher",
             "--",
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            "deployments.engine.vllm_server",
             *self.plan.args,
         ]
+
+    def start(self) -> None:
+        env = {**os.environ, **self.plan.env}
+        cmd = self.command()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,

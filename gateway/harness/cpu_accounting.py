@@ -95,7 +95,7 @@ def process_kind(comm: str, cmdline: str) -> str:
         return "worker"
     if comm.startswith("VLLM::EngineCor"):
         return "engine_core"
-    if "api_server" in cmdline:
+    if "api_server" in cmdline or "vllm_server" in cmdline:
         return "api_server"
     return "launcher"
 

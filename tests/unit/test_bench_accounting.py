@@ -66,6 +66,10 @@ def test_an_engines_processes_are_told_apart():
         == "api_server"
     )
     assert (
+        cpu_accounting.process_kind("python", "python -m deployments.engine.vllm_server --model m")
+        == "api_server"
+    )
+    assert (
         cpu_accounting.process_kind("python", "python -m deployments.engine.launcher --port 1")
         == "launcher"
     )

@@ -333,3 +333,49 @@ def test_tensor_parallel_slots_get_collectives_that_do_not_follow_the_batch():
         port=9000,
     )
     assert "NCCL_ALGO" not in one.env and "--disable-custom-all-reduce" not in one.args
+
+
+def test_cpu_engines_bound_the_busy_wait_and_gpu_engines_keep_vllms():
+    """On CPU every plan (any mode) bounds vLLM's inter-process spin; a user's engine_env
+    wins; GPU plans leave vLLM's own wait. The engine runs through the module that
+    applies it, and the setting is not part of the numerics identity (no kernel reads it)."""
+    from deployments.engine.args import CPU_ENGINE_SPIN_S
+    from deployments.engine.numerics import KERNEL_ENV_PREFIXES
+    from deployments.engine.process import EngineProcess
+    from deployments.engine.vllm_server import SPIN_ENV
+
+    for mode in ("auto", "off"):
+        assert (
+            plan_engine(spec(determinism=mode), CPU, port=9000).env[SPIN_ENV] == CPU_ENGINE_SPIN_S
+        )
+    assert SPIN_ENV not in plan_engine(spec(), H200, port=9000).env
+    mine = plan_engine(spec(engine_env={SPIN_ENV: "0.5"}), CPU, port=9000)
+    assert mine.env[SPIN_ENV] == "0.5"
+    assert not SPIN_ENV.startswith(KERNEL_ENV_PREFIXES)
+    engine = EngineProcess(plan_engine(spec(), CPU, port=9000), "127.0.0.1", 9000, "m-0")
+    assert "deployments.engine.vllm_server" in engine.command()
+
+
+def test_the_server_module_bounds_the_spin_in_the_engine_processes():
+    """``bound_busy_wait`` changes the default of vLLM's SpinCondition (the readers' spin),
+    in a fresh interpreter as the engine starts it; unset, vLLM's 1 s stays."""
+    import subprocess
+
+    code = (
+        "from deployments.engine import vllm_server as v;"
+        "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition as S;"
+        "print(S.__init__.__defaults__)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RMGATE_ENGINE_SPIN_S"}
+    unset = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    bounded = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**env, "RMGATE_ENGINE_SPIN_S": "0.002"},
+        capture_output=True,
+        text=True,
+    )
+    assert unset.stdout.strip() == "(1,)", unset.stderr[-2000:]
+    assert bounded.stdout.strip() == "(0.002,)", bounded.stderr[-2000:]

@@ -1,0 +1,47 @@
+"""vLLM's OpenAI server, with its inter-process busy-wait bounded on CPU hosts.
+
+vLLM's engine processes talk over a shared-memory queue whose reader spins
+(``sched_yield``) for one second after every message before it sleeps on a socket
+(``SpinCondition.busy_loop_s``, hard-coded in vLLM 0.32; vLLM #19036, #52814). A GPU host
+can spare that core. On a CPU host the cores are the engines' compute: an engine answering
+a request every 250 ms spins without pause, so two lightly loaded engines hold both cores
+of a 2-core host, and an engine booting beside them took 2.3 minutes instead of 40 s.
+``RMGATE_ENGINE_SPIN_S`` (set by ``deployments.engine.args`` on CPU: 2 ms) bounds the spin;
+a message arriving later wakes the reader through the socket instead (tens of
+microseconds). The queue carries the same messages either way: the answers' bits do not
+depend on it.
+
+    python -m deployments.engine.vllm_server [vLLM server arguments]
+"""
+
+from __future__ import annotations
+
+import os
+
+#: The environment variable that bounds the busy-wait (seconds); unset: vLLM's own.
+SPIN_ENV = "RMGATE_ENGINE_SPIN_S"
+
+
+def bound_busy_wait() -> float | None:
+    """Make ``SpinCondition`` readers spin at most ``$RMGATE_ENGINE_SPIN_S`` seconds (in
+    this process and the engine processes it forks). Returns the bound, None when unset."""
+    value = os.environ.get(SPIN_ENV)
+    if not value:
+        return None
+    seconds = float(value)
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    init = shm_broadcast.SpinCondition.__init__
+    defaults = init.__defaults__ or ()
+    if len(defaults) != 1:  # another vLLM: its own wait, untouched
+        return None
+    init.__defaults__ = (seconds,)
+    return seconds
+
+
+bound_busy_wait()  # at import: spawned engine processes import this module as their main
+
+if __name__ == "__main__":
+    from vllm.entrypoints.launchers.api_server.entry import main
+
+    main()
