@@ -28,7 +28,6 @@ from deployments.engine.vllm_server import SPIN_ENV
 from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
 from gateway.core.routing.engine_access import engine_auth
 
-
 #: How long an engine process on a CPU host busy-waits for its next message before it
 #: sleeps on a socket (``deployments.engine.vllm_server``; vLLM's own: 1 s).
 CPU_ENGINE_SPIN_S = "0.002"
