@@ -17,6 +17,7 @@ from tests.integration.stalls import (
     check_stalled_slot,
     engine_metric,
     engine_port,
+    eventually,
     long_judge_request_then_leave,
     until_quiet,
 )
@@ -110,5 +111,8 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
             break
     assert noticed >= 1, "no client disconnect was noticed"
     assert len(early) >= 2, (early, late)  # tokens per attempt: 8,000 when not aborted
-    assert sum(engine_metric(p, "vllm:num_requests_running") for p in ports) == 0
+    # nothing left running: the last abort may land after the token count held still
+    assert eventually(
+        lambda: sum(engine_metric(p, "vllm:num_requests_running") for p in ports) == 0, 20
+    )
     assert metric_total(url, "rmgate_engine_requests_aborted_total") - aborted >= len(early)
