@@ -436,18 +436,19 @@ class RewardClient:
     # ---- async API --------------------------------------------------------------------
     async def ascore(
         self, items: Sequence[dict[str, Any]], model: str | None = None
-    ) -> list[float]:
-        """Rewards of ``items`` ({prompt or messages, response, label?}) via /v1/rewards."""
+    ) -> list[float | None]:
+        """Rewards of ``items`` ({prompt or messages, response, label?, group?}) via
+        /v1/rewards; None where the item is masked (``on_failure: mask``)."""
         return [r for r, _ in await self.ascore_detailed(items, model)]
 
     async def ascore_detailed(
         self, items: Sequence[dict[str, Any]], model: str | None = None
-    ) -> list[tuple[float, dict[str, Any]]]:
+    ) -> list[tuple[float | None, dict[str, Any]]]:
         model = model or self.model
         chunks = _chunks(list(items), self.batch_size)
 
         def job(chunk: Sequence[dict[str, Any]]):
-            async def call(client: httpx.AsyncClient) -> list[tuple[float, dict]]:
+            async def call(client: httpx.AsyncClient) -> list[tuple[float | None, dict]]:
                 body: dict[str, Any] = {"items": list(chunk)}
                 if model:
                     body["model"] = model
@@ -497,12 +498,14 @@ class RewardClient:
     # ---- sync API ---------------------------------------------------------------------
     # All four run on the client's private loop thread (see the class docstring), also when
     # called from inside a running event loop.
-    def score(self, items: Sequence[dict[str, Any]], model: str | None = None) -> list[float]:
+    def score(
+        self, items: Sequence[dict[str, Any]], model: str | None = None
+    ) -> list[float | None]:
         return self._run(self.ascore(items, model))
 
     def score_detailed(
         self, items: Sequence[dict[str, Any]], model: str | None = None
-    ) -> list[tuple[float, dict[str, Any]]]:
+    ) -> list[tuple[float | None, dict[str, Any]]]:
         return self._run(self.ascore_detailed(items, model))
 
     def classify(

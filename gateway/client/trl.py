@@ -8,7 +8,9 @@ or a reward program of the gateway.
 TRL calls a reward function with ``prompts`` and ``completions`` (text or conversations)
 and every other dataset column as a keyword; it logs each function's mean under the
 function's ``__name__`` (here the model or program name). The label is taken from the
-column ``label_key`` when given. Imports no TRL (it needs nothing of it) and no Ray.
+column ``label_key`` when given. A masked item (``on_failure: mask``) is None, which TRL
+takes as "no reward from this function" (it sums rewards with ``nansum``). Imports no
+TRL (it needs nothing of it) and no Ray.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ def reward_function(
     label_key: str | None = None,
     client: RewardClient | None = None,
     **client_kwargs: Any,
-) -> Callable[..., list[float]]:
+) -> Callable[..., list[float | None]]:
     """A TRL reward function scoring with ``model`` (a served model or a reward program)
     over ``/v1/rewards``; one request per call, results in order, the client's retries and
     deadline included. ``client_kwargs`` go to ``RewardClient`` (``batch_size``,
     ``concurrency``, ``timeout_s``)."""
     rc = client or RewardClient(url, model=model, progress=False, **client_kwargs)
 
-    def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+    def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         labels = columns.get(label_key) if label_key else None
         labels = labels if labels is not None else [None] * len(completions)
         return rc.score(

@@ -72,14 +72,19 @@ def build_item(
     return item
 
 
-def _result(reward: float, detail: dict[str, Any]) -> dict[str, Any]:
+def _result(reward: float | None, detail: dict[str, Any]) -> dict[str, Any]:
     """verl's result dict: verl reads "score" and logs the other keys, so they are numeric
     and the same every call. The gateway's detail carries ``slot`` as an int (``int()`` also
     takes a digit string); a detail without one counts as slot 0. A reward program's
     detail adds one ``rmgate_<component>`` per component (its transformed score, 0.0 where
-    it failed), ``rmgate_failed_components`` and ``rmgate_default_used``."""
+    it failed), ``rmgate_failed_components`` and ``rmgate_default_used``.
+
+    A masked item (``on_failure: mask``): verl's ``score`` must be a number, so it is 0.0
+    and ``rmgate_masked`` is 1.0 (0.0 for every scored item): verl keeps it in
+    ``reward_extra_info``, where a trainer's loss mask can read it."""
     out = {
-        "score": float(reward),
+        "score": float(reward) if reward is not None else 0.0,
+        "rmgate_masked": float(reward is None),
         "rmgate_slot": int(detail.get("slot", 0)),
         "rmgate_parsed": float(detail.get("parsed", True)),
     }

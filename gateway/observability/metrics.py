@@ -160,6 +160,12 @@ REWARD_DEFAULTS = Counter(
     ["program"],
     registry=REGISTRY,
 )
+REWARDS_MASKED = Counter(
+    "rmgate_rewards_masked",
+    "Items answered with no reward (`mask: true`) under `on_failure: mask`",
+    ["model"],
+    registry=REGISTRY,
+)
 SLOTS = Gauge("rmgate_slots", "Configured slots per model", ["model"], registry=REGISTRY)
 
 
@@ -194,11 +200,14 @@ def record_request(model: str, endpoint: str, status: int, seconds: float | None
 
 
 def record_program(result: GatewayResult) -> None:
-    """A reward program's failed components and defaulted items of one answered request."""
+    """A reward program's failed components and defaulted items, and the masked items of
+    one answered request."""
     for failure in result.component_failures:
         COMPONENT_FAILURES.labels(failure.program, failure.component, failure.reason).inc()
     for program, n in result.defaults_used:
         REWARD_DEFAULTS.labels(program).inc(n)
+    for target, n in result.masked:
+        REWARDS_MASKED.labels(target).inc(n)
 
 
 def record_cache(model: str, routes: Iterable[Route]) -> None:

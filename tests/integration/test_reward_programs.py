@@ -175,6 +175,25 @@ def test_a_hanging_rule_is_cut_off_under_each_on_failure(gateway):
         == _metric(before, 'rmgate_reward_defaults_total{program="math_default"}') + 1
     )
 
+    masked = post(url, "/v1/rewards", {"model": "math_mask", "items": items}).json()
+    assert masked["rewards"][1] is None and masked["details"][1]["mask"] is True
+    assert "timeout" in masked["details"][1]["mask_reason"]
+    assert masked["rewards"][0] == skip["rewards"][0]  # an unfailed item: the same bits
+    metrics_text = httpx.get(url + "/metrics", timeout=30).text
+    assert _metric(metrics_text, 'rmgate_rewards_masked_total{model="math_mask"}') >= 1
+    from gateway.client.trl import reward_function
+
+    trl_reward = reward_function(url, "math_mask", label_key="answer")
+    try:
+        got = trl_reward(
+            prompts=[i["prompt"] for i in items],
+            completions=[i["response"] for i in items],
+            answer=[i["label"] for i in items],
+        )
+    finally:
+        trl_reward.client.close()
+    assert got == masked["rewards"]  # None for the masked item: TRL leaves it out
+
     logs = post(
         url,
         "/get_reward",

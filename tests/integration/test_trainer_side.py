@@ -104,7 +104,7 @@ def test_verl_compute_score_matches_verls_own_classify_path(gateway, demo_models
         r = httpx.post(url + "/classify", json=verl_body, timeout=60)
         assert r.status_code == 200, r.text
         assert got["score"] == r.json()["data"][-1]["probs"][-1]
-    assert set(got) == {"score", "rmgate_slot", "rmgate_parsed"}
+    assert set(got) == {"score", "rmgate_masked", "rmgate_slot", "rmgate_parsed"}
     judged = compute_score(
         "sums", "7", "7", {"question": "3+4="}, reward_router_address=address, model="judge"
     )

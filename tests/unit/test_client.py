@@ -209,9 +209,12 @@ async def test_run_sync_inside_a_running_loop():
 def test_verl_result_reads_an_int_slot():
     assert _result(1.5, {"index": 0, "key": "00000000", "slot": 3}) == {
         "score": 1.5,
+        "rmgate_masked": 0.0,
         "rmgate_slot": 3,
         "rmgate_parsed": 1.0,
     }
+    masked = _result(None, {"slot": 1, "mask": True, "mask_reason": "engine: 502"})
+    assert masked["score"] == 0.0 and masked["rmgate_masked"] == 1.0
     assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_slot"] == 2  # digit string
     assert _result(0.0, {"slot": "2", "parsed": False})["rmgate_parsed"] == 0.0
     assert _result(0.0, {})["rmgate_slot"] == 0

@@ -94,6 +94,8 @@ class GatewayResult:
     #: items got its ``on_failure`` default.
     component_failures: tuple[ComponentFailure, ...] = ()
     defaults_used: tuple[tuple[str, int], ...] = ()
+    #: ``(model or program, items masked)`` under ``on_failure: mask``.
+    masked: tuple[tuple[str, int], ...] = ()
 
     @property
     def key_hex(self) -> str | None:

@@ -153,6 +153,13 @@ class RewardItem(BaseModel):
     messages: list[dict[str, Any]] | None = None
     response: StrictStr
     label: Label = None
+    group: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Items with the same `group` are scored as a group: placed on one slot "
+        "(the engine's prefix cache serves the prompt they share) and read by group scorers.",
+    )
 
 
 class RewardsRequest(BaseModel):

@@ -327,7 +327,7 @@ class DefaultOnFailure(BaseModel):
     )
 
 
-OnFailure = Union[Literal["error", "skip_component"], DefaultOnFailure]
+OnFailure = Union[Literal["error", "skip_component", "mask"], DefaultOnFailure]
 
 
 class ComponentSpec(BaseModel):
@@ -375,7 +375,8 @@ class ProgramSpec(BaseModel):
         description="A failed component "
         "(engine error, rule timeout or crash, unreadable judge): "
         "`error` fails the request (422, naming item and "
-        "component); `skip_component` combines the others and "
+        "component); `mask`: the item's reward is null with `mask: true` and the reason "
+        "(the trainer leaves it out); `skip_component` combines the others and "
         "flags the item; `{default: x}` makes the item's reward x "
         "and flags it.",
     )

@@ -194,6 +194,13 @@ class ModelSpec(BaseModel):
         "the judge's first token), `expected_rating` (the expected rating token). A "
         "`scorer` without `type` is the kind's default.",
     )
+    on_failure: Literal["error", "mask"] = Field(
+        default="error",
+        description="An item this model fails to score in /v1/rewards (the engine's error, "
+        "an answer without a score): `error` fails the request (a `judge_text` answer "
+        "without a score takes the scorer's `default`); `mask`: the item's reward is null "
+        "with `mask: true` and the reason in its details, the others are answered.",
+    )
     engine_args: dict[str, Any] = Field(
         description=(
             "Extra vLLM server arguments (`--flag value` with `_` -> `-`), e.g. dtype. Names may "

@@ -44,6 +44,13 @@ def request_key(endpoint: str, body: dict[str, Any]) -> int:
     return zlib.crc32(canonical_json(key_material(endpoint, body))) & 0xFFFFFFFF
 
 
+def group_key(model: str, group: str) -> int:
+    """The placement key of a group's items on ``model`` (crc32, as ``request_key``): every
+    item of the group is placed by it, not by its own key, so the group lands on one slot
+    and the engine's prefix cache can serve the prompt the items share."""
+    return zlib.crc32(canonical_json({"model": model, "group": group})) & 0xFFFFFFFF
+
+
 def splitmix64(x: int) -> int:
     """One splitmix64 step (Steele, Lea, Flood): a bijective 64-bit mixer."""
     x = (x + 0x9E3779B97F4A7C15) & MASK64

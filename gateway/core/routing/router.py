@@ -144,15 +144,20 @@ class Router:
 
     # ---- answering --------------------------------------------------------------------
     async def answer(
-        self, request: EngineRequest, deadline: Deadline, use_cache: bool | None = None
+        self,
+        request: EngineRequest,
+        deadline: Deadline,
+        use_cache: bool | None = None,
+        placement: Placement | None = None,
     ) -> tuple[Route, EngineReply]:
         """The answer to one engine request: from the ledger or an identical call in
         flight when the cache may answer (``gateway.core.ledger_policy.reuse``), else the
         engine's, and recorded. Nothing waits past ``deadline``: a last-resort guard
         answers 504 ``GUARD_MARGIN_S`` after it whatever happened (the transport ends its
-        own waits at the deadline)."""
+        own waits at the deadline). ``placement``: decided by the caller (a group's, made
+        once for all its items), else the request's own."""
         spec = request.model
-        placement = self.placement(spec, request.key)
+        placement = placement or self.placement(spec, request.key)
 
         async def call() -> tuple[Route, EngineReply]:
             return await self._post(request, deadline, placement)

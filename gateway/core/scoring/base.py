@@ -32,6 +32,8 @@ class RewardInput:
     text: str | None = None
     #: The label as the trainer sent it.
     raw_label: JsonValue = None
+    #: The group the item belongs to (``/v1/rewards`` ``group``); None: scored alone.
+    group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -62,15 +62,17 @@ class ComponentScore:
 class ProgramOutcome:
     """An item's combined reward and how it was reached."""
 
-    reward: float
+    #: None: masked (``on_failure: mask``), ``mask_reason`` says why.
+    reward: float | None
     failed: tuple[str, ...] = ()
     default_used: bool = False
+    mask_reason: str | None = None
 
 
 def combine(program: ProgramSpec, parts: list[ComponentScore], index: int) -> ProgramOutcome:
     """The item's reward under the program's ``on_failure``; ``RewardComponentFailed``
     under ``error`` when a component failed, and under ``skip_component`` when all did
-    (nothing is left to combine: never a silent 0)."""
+    (nothing is left to combine: never a silent 0); no reward (masked) under ``mask``."""
     failed = tuple(p.name for p in parts if p.failure)
     if failed:
         first = next(p for p in parts if p.failure)
@@ -80,6 +82,8 @@ def combine(program: ProgramSpec, parts: list[ComponentScore], index: int) -> Pr
                 f"item {index}: {why}; program {program.name!r} has on_failure: error",
                 param=f"items[{index}]",
             )
+        if program.on_failure == "mask":
+            return ProgramOutcome(None, failed, mask_reason=why)
         if isinstance(program.on_failure, DefaultOnFailure):
             return ProgramOutcome(program.on_failure.default, failed, default_used=True)
         if len(failed) == len(parts):

@@ -30,6 +30,8 @@ from gateway.core.config.scoring import ComponentSpec, ProgramSpec
 from gateway.core.config.settings import ModelSpec
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
+from gateway.core.routing.keys import group_key
+from gateway.core.routing.placement import Placement
 from gateway.core.routing.router import EngineRequest, Router
 from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
 from gateway.core.scoring.chat_text import prompt_text, response_text
@@ -64,9 +66,10 @@ def _route_detail(request: EngineRequest, route: Route) -> dict[str, Any]:
 
 class Scored(NamedTuple):
     """One item's reward, its details, and the engine routes that produced it (for the
-    response's ``x-rmgate-slot`` / ``x-rmgate-class`` headers)."""
+    response's ``x-rmgate-slot`` / ``x-rmgate-class`` headers). ``reward`` None: masked
+    (``on_failure: mask``; the details say why)."""
 
-    reward: float
+    reward: float | None
     detail: dict[str, Any]
     routes: tuple[Route, ...]
     #: Reward programs: the components that failed, and whether the default was used.
@@ -126,6 +129,10 @@ class RewardScorer:
         self.use_cache = use_cache
         #: The request's one deadline: every item's engine request ends by it.
         self.deadline = deadline or self.router.deadline()
+        #: (model, group) -> the group's placement, decided at its first engine request:
+        #: every item of a group goes where its first went (the group spreads load, not
+        #: its items), whatever the load did since.
+        self.group_placements: dict[tuple[str, str], Placement] = {}
 
     def reward_model(self, name: str | None) -> ModelSpec:
         """The model a rewards request names, else ``default_reward_model``, else the only
@@ -141,7 +148,20 @@ class RewardScorer:
         program = config.program(name if name is not None else config.gateway.default_reward_model)
         return program if program is not None else self.reward_model(name)
 
-    async def _engine(self, call: EngineCall, index: int) -> tuple[Any, Route, dict[str, Any]]:
+    def _placement(self, spec: ModelSpec, group: str | None) -> Placement | None:
+        """A group's one placement on ``spec``'s slots (None: an item alone, placed by its
+        own key)."""
+        if group is None:
+            return None
+        found = self.group_placements.get((spec.name, group))
+        if found is None:
+            found = self.router.placement(spec, group_key(spec.name, group))
+            self.group_placements[(spec.name, group)] = found
+        return found
+
+    async def _engine(
+        self, call: EngineCall, item: RewardInput
+    ) -> tuple[Any, Route, dict[str, Any]]:
         """A scorer's engine call as its engine request, answered: the parsed answer, its
         route and what decided it. A failure is the item's (``items[i]``)."""
         try:
@@ -150,20 +170,23 @@ class RewardScorer:
                 call.body.get("model"), "generative" if generative else "discriminative"
             )
             body = dict(call.body)  # the builders set fields in place
+            placement = self._placement(spec, item.group)
             if generative:
                 request = generative_request(
                     spec, call.path, body, self.router.sampling_defaults[spec.name]
                 )
-                route, reply = await self.router.answer(request, self.deadline, self.use_cache)
+                route, reply = await self.router.answer(
+                    request, self.deadline, self.use_cache, placement
+                )
                 generative_result(request, route, reply)  # raises an engine's non-200
             else:
                 requests = pooling_requests(spec, call.path, body)
                 request = requests.items[0]  # a scorer's pooling body holds one input
                 route, reply = await answer_pooled(
-                    self.router, requests, 0, self.deadline, self.use_cache
+                    self.router, requests, 0, self.deadline, self.use_cache, placement
                 )
         except RmgateError as err:
-            raise err.for_item(index) from err
+            raise err.for_item(item.index) from err
         return json.loads(reply.body), route, _route_detail(request, route)
 
     async def _rule(self, call: RuleCall) -> float:
@@ -186,7 +209,7 @@ class RewardScorer:
         route_detail: dict[str, Any] = {}
         for call in scorer.calls(item):
             if isinstance(call, EngineCall):
-                answer, route, route_detail = await self._engine(call, item.index)
+                answer, route, route_detail = await self._engine(call, item)
                 answers.append(answer)
                 routes.append(route)
             else:
@@ -194,10 +217,30 @@ class RewardScorer:
         return scorer.read(item, answers), tuple(routes), route_detail
 
     async def _score_model(self, spec: ModelSpec, item: RewardInput) -> Scored:
+        if spec.on_failure == "mask":
+            return await self._score_model_or_mask(spec, item)
         score, routes, route_detail = await self._run(self.scoring.scorers.models[spec.name], item)
         if score.value is None:
             raise ScoreUnreadable(f"item {item.index}: {score.message}")
-        return Scored(score.value, {"index": item.index, **route_detail, **score.detail}, routes)
+        detail = {"index": item.index, **_group_detail(item), **route_detail, **score.detail}
+        return Scored(score.value, detail, routes)
+
+    async def _score_model_or_mask(self, spec: ModelSpec, item: RewardInput) -> Scored:
+        """``on_failure: mask``: an item the model fails to score has no reward, and says
+        why; the request's deadline still fails the request (504: the trainer retries)."""
+        try:
+            score, routes, route_detail = await self._run(
+                self.scoring.scorers.models[spec.name], item
+            )
+        except DeadlineExceeded:
+            raise
+        except RmgateError as err:
+            return _masked(item, f"engine: {err.code}: {err.message}")
+        detail = {"index": item.index, **_group_detail(item), **route_detail, **score.detail}
+        if score.value is None or score.failure:
+            reason = f"{score.failure or 'unreadable'}: {score.message}"
+            return Scored(None, {**detail, "mask": True, "mask_reason": reason}, routes)
+        return Scored(score.value, detail, routes)
 
     async def _component(
         self, program: ProgramSpec, comp: ComponentSpec, item: RewardInput
@@ -245,6 +288,7 @@ class RewardScorer:
         outcome = combine(program, parts, item.index)
         detail: dict[str, Any] = {
             "index": item.index,
+            **_group_detail(item),
             "program": program.name,
             "components": [p.as_detail() for p in parts],
             "failed": list(outcome.failed),
@@ -253,6 +297,8 @@ class RewardScorer:
         receipts = [r.receipt for p in parts for r in p.routes if r.receipt]
         if receipts:
             detail["receipts"] = receipts
+        if outcome.mask_reason is not None:
+            detail.update(mask=True, mask_reason=outcome.mask_reason)
         return Scored(
             outcome.reward,
             detail,
@@ -277,6 +323,7 @@ class RewardScorer:
     ) -> GatewayResult:
         failures: list[ComponentFailure] = []
         defaults = 0
+        masked = sum(s.reward is None for s in scored)
         if isinstance(target, ProgramSpec):
             for s in scored:
                 failures += [
@@ -291,6 +338,7 @@ class RewardScorer:
             routes=_routes(scored),
             component_failures=tuple(failures),
             defaults_used=((target.name, defaults),) if defaults else (),
+            masked=((target.name, masked),) if masked else (),
         )
 
     async def rewards(self, raw: bytes) -> GatewayResult:
@@ -318,8 +366,12 @@ class RewardScorer:
             )
         scored: list[Scored] = []
         target: Target | None = None
-        if n:
+        try:  # an empty shard answers the same extra_logs keys
             target = self.target(None)
+        except RmgateError:
+            if n:
+                raise
+        if n and target is not None:
             # a DisRM reads the whole query; a judge and the rules the question and the
             # answer as plain text
             inputs = [
@@ -329,9 +381,11 @@ class RewardScorer:
                 for i, (q, p, lab) in enumerate(zip(req.query, prompts, labels))
             ]
             scored = await all_or_cancel(self._score(target, x) for x in inputs)
-        rewards = [s.reward for s in scored]
+        # OpenRLHF turns the list into a tensor: a masked item is 0.0 here, and
+        # ``extra_logs.masked`` (1.0) tells it apart
+        rewards = [s.reward if s.reward is not None else 0.0 for s in scored]
         body = {"rewards": rewards, "scores": rewards, "extra_logs": _extra_logs(target, scored)}
-        if target is None:
+        if target is None or not n:
             return GatewayResult(model="", body=json.dumps(body).encode(), endpoint="/get_reward")
         result = self._result(target, scored, "/get_reward", body)
         return dataclasses.replace(result, body=json.dumps(body).encode())
@@ -355,8 +409,23 @@ def _item_input(index: int, item: RewardItem) -> RewardInput:
         users = [m.get("content") for m in item.messages or [] if m.get("role") == "user"]
         prompt = str(users[-1]) if users else ""
     return RewardInput(
-        index, prompt, item.response, _label_text(item.label), messages=msgs, raw_label=item.label
+        index,
+        prompt,
+        item.response,
+        _label_text(item.label),
+        messages=msgs,
+        raw_label=item.label,
+        group=item.group,
     )
+
+
+def _masked(item: RewardInput, reason: str) -> Scored:
+    detail = {"index": item.index, **_group_detail(item), "mask": True, "mask_reason": reason}
+    return Scored(None, detail, ())
+
+
+def _group_detail(item: RewardInput) -> dict[str, Any]:
+    return {} if item.group is None else {"group": item.group}
 
 
 def _extra_logs(target: Target | None, scored: list[Scored]) -> dict[str, list[float]]:
@@ -368,13 +437,19 @@ def _extra_logs(target: Target | None, scored: list[Scored]) -> dict[str, list[f
 
     A model: ``parsed``, 1.0 where a score was read (always, for a DisRM) and 0.0 where the
     judge's default was used. A program: one series per component (its transformed score,
-    0.0 where it failed), ``failed_components`` (how many failed) and ``default_used``."""
+    0.0 where it failed), ``failed_components`` (how many failed) and ``default_used``.
+    Either under ``on_failure: mask``: ``masked``, 1.0 where the item has no reward (its
+    0.0 in ``rewards`` is not one)."""
+    extra: dict[str, list[float]]
     if isinstance(target, ProgramSpec):
-        extra: dict[str, list[float]] = {c.name: [] for c in target.components}
+        extra = {c.name: [] for c in target.components}
         for s in scored:
             for name, value in (s.series or {}).items():
                 extra[name].append(value)
         extra["failed_components"] = [float(len(s.failures)) for s in scored]
         extra["default_used"] = [float(s.default_used) for s in scored]
-        return extra
-    return {"parsed": [float(s.detail.get("parsed", True)) for s in scored]}
+    else:
+        extra = {"parsed": [float(s.detail.get("parsed", True)) for s in scored]}
+    if target is not None and target.on_failure == "mask":
+        extra["masked"] = [float(s.reward is None) for s in scored]
+    return extra

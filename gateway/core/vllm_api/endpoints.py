@@ -28,6 +28,7 @@ from gateway.core.api.schemas import (
 from gateway.core.config.settings import ModelSpec
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
+from gateway.core.routing.placement import Placement
 from gateway.core.routing.router import EngineRequest, Router, engine_error
 from gateway.core.vllm_api.embeddings import classify_body, embeddings_from_classify
 from gateway.core.vllm_api.requests import PoolingRequests, generative_request, pooling_requests
@@ -78,11 +79,12 @@ async def answer_pooled(
     index: int,
     deadline: Deadline,
     use_cache: bool | None,
+    placement: Placement | None = None,
 ) -> tuple[Route, EngineReply]:
     """Input ``index`` of a pooling body, answered; an engine's non-200 raised as rmgate's
     error, named for the whole body (``requests.key``)."""
     request = requests.items[index]
-    route, reply = await router.answer(request, deadline, use_cache)
+    route, reply = await router.answer(request, deadline, use_cache, placement)
     if reply.status != 200:
         raise engine_error(
             reply,
