@@ -157,8 +157,9 @@ class RewardItem(BaseModel):
         default=None,
         min_length=1,
         max_length=256,
-        description="Items with the same `group` are scored as a group: placed on one slot "
-        "(the engine's prefix cache serves the prompt they share) and read by group scorers.",
+        description="Items with the same `group` are placed on one slot of their model "
+        "(chosen by the group), so the items that share a prompt meet on one engine; "
+        "each item's reward is that of the item sent alone.",
     )
 
 

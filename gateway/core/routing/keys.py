@@ -47,7 +47,7 @@ def request_key(endpoint: str, body: dict[str, Any]) -> int:
 def group_key(model: str, group: str) -> int:
     """The placement key of a group's items on ``model`` (crc32, as ``request_key``): every
     item of the group is placed by it, not by its own key, so the group lands on one slot
-    and the engine's prefix cache can serve the prompt the items share."""
+    and the items that share a prompt meet on one engine."""
     return zlib.crc32(canonical_json({"model": model, "group": group})) & 0xFFFFFFFF
 
 

@@ -217,17 +217,11 @@ class RewardScorer:
         return scorer.read(item, answers), tuple(routes), route_detail
 
     async def _score_model(self, spec: ModelSpec, item: RewardInput) -> Scored:
-        if spec.on_failure == "mask":
-            return await self._score_model_or_mask(spec, item)
-        score, routes, route_detail = await self._run(self.scoring.scorers.models[spec.name], item)
-        if score.value is None:
-            raise ScoreUnreadable(f"item {item.index}: {score.message}")
-        detail = {"index": item.index, **_group_detail(item), **route_detail, **score.detail}
-        return Scored(score.value, detail, routes)
-
-    async def _score_model_or_mask(self, spec: ModelSpec, item: RewardInput) -> Scored:
-        """``on_failure: mask``: an item the model fails to score has no reward, and says
-        why; the request's deadline still fails the request (504: the trainer retries)."""
+        """The model's own scorer on one item. Under ``on_failure: mask`` an item the model
+        fails to score (the engine's error, an answer without a score) has no reward and
+        says why; the request's deadline still fails the request (504: the trainer
+        retries)."""
+        masking = spec.on_failure == "mask"
         try:
             score, routes, route_detail = await self._run(
                 self.scoring.scorers.models[spec.name], item
@@ -235,11 +229,15 @@ class RewardScorer:
         except DeadlineExceeded:
             raise
         except RmgateError as err:
+            if not masking:
+                raise
             return _masked(item, f"engine: {err.code}: {err.message}")
         detail = {"index": item.index, **_group_detail(item), **route_detail, **score.detail}
-        if score.value is None or score.failure:
+        if masking and (score.value is None or score.failure):
             reason = f"{score.failure or 'unreadable'}: {score.message}"
             return Scored(None, {**detail, "mask": True, "mask_reason": reason}, routes)
+        if score.value is None:
+            raise ScoreUnreadable(f"item {item.index}: {score.message}")
         return Scored(score.value, detail, routes)
 
     async def _component(
