@@ -42,7 +42,7 @@ import yaml
 
 from benchmarks.side_by_side import load
 from gateway.harness.processes import NO_CACHE, engine_requests_done
-from gateway.harness.running import running_gateway
+from gateway.harness.running import running_gateway, serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
@@ -68,27 +68,19 @@ def config(models_dir: Path, state_dir: Path) -> dict[str, Any]:
             ),
         }
 
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                "args": {
-                    "gateway": {
-                        "max_queue_per_slot": 100000,
-                        "request_timeout_s": 900,
-                        "ledger": {"state_dir": str(state_dir)},
-                    },
-                    "models": [
-                        model("rm", "disrm", "discriminative"),
-                        model("judge", "grm", "generative"),
-                    ],
-                },
-            }
-        ],
-    }
+    return serve_config(
+        {
+            "gateway": {
+                "max_queue_per_slot": 100000,
+                "request_timeout_s": 900,
+                "ledger": {"state_dir": str(state_dir)},
+            },
+            "models": [
+                model("rm", "disrm", "discriminative"),
+                model("judge", "grm", "generative"),
+            ],
+        }
+    )
 
 
 async def policy_answers(

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from benchmarks.side_by_side import ENGINE, load, rm_call
-from gateway.harness.running import dashboard_address, running_gateway
+from gateway.harness.running import dashboard_address, running_gateway, serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,31 +39,23 @@ VARIANTS: list[tuple[str, int | None]] = [("own-cores", 1), ("vllm-auto-binding"
 
 
 def config(model_path: Path, cores_per_slot: int | None) -> dict[str, Any]:
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                "args": {
-                    "gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
-                    "models": [
-                        {
-                            "name": "rm",
-                            "kind": "discriminative",
-                            "replicas": 1,
-                            "model_path": str(model_path),
-                            "determinism": "serialize",
-                            "engine_args": ENGINE,
-                            "max_queue_per_slot": 100000,
-                            "cpu_cores_per_slot": cores_per_slot,
-                        }
-                    ],
-                },
-            }
-        ],
-    }
+    return serve_config(
+        {
+            "gateway": {"max_queue_per_slot": 100000, "request_timeout_s": 600},
+            "models": [
+                {
+                    "name": "rm",
+                    "kind": "discriminative",
+                    "replicas": 1,
+                    "model_path": str(model_path),
+                    "determinism": "serialize",
+                    "engine_args": ENGINE,
+                    "max_queue_per_slot": 100000,
+                    "cpu_cores_per_slot": cores_per_slot,
+                }
+            ],
+        }
+    )
 
 
 async def run_load(url: str, calls: list[tuple[str, dict]], concurrency: int) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from gateway.core.routing.keys import request_key
 from gateway.harness import cpu_accounting
 from gateway.harness.least_loaded import start_proxy
 from gateway.harness.processes import engine_headers_for, engine_launcher_pid, stop_process_group
-from gateway.harness.running import running_gateway
+from gateway.harness.running import running_gateway, serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,31 +74,23 @@ def config(models_dir: Path, replicas: int) -> dict[str, Any]:
             "max_queue_per_slot": 100000,
         }
 
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                # pinned: the numbers here (and "1 engine = slot 0's keys") were measured with a key
-                # on its own slot; class placement under a slow slot: benchmarks/slow_slot.py
-                "args": {
-                    "gateway": {
-                        "max_queue_per_slot": 100000,
-                        "request_timeout_s": 600,
-                        "placement": "pinned",
-                    },
-                    "models": [
-                        model("rm-off", "disrm-large", "discriminative", "off", replicas),
-                        model("rm", "disrm-large", "discriminative", "serialize", replicas),
-                        model("judge-off", "grm", "generative", "off", 1),
-                        model("judge", "grm", "generative", "serialize", 1),
-                    ],
-                },
-            }
-        ],
-    }
+    # pinned: the numbers here (and "1 engine = slot 0's keys") were measured with a key
+    # on its own slot; class placement under a slow slot: benchmarks/slow_slot.py
+    return serve_config(
+        {
+            "gateway": {
+                "max_queue_per_slot": 100000,
+                "request_timeout_s": 600,
+                "placement": "pinned",
+            },
+            "models": [
+                model("rm-off", "disrm-large", "discriminative", "off", replicas),
+                model("rm", "disrm-large", "discriminative", "serialize", replicas),
+                model("judge-off", "grm", "generative", "off", 1),
+                model("judge", "grm", "generative", "serialize", 1),
+            ],
+        }
+    )
 
 
 def rm_call(model: str, i: int) -> tuple[str, dict[str, Any]]:

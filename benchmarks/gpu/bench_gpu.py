@@ -41,6 +41,7 @@ import yaml
 from benchmarks.gpu.bench_paths import grm_body  # noqa: F401  (one workload definition)
 from gateway.core.api.answers import answer_of
 from gateway.harness.running import running_gateway
+from gateway.harness.running import serve_config as one_app
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,20 +97,12 @@ def serve_config(device: str, paths: dict[str, Path]) -> dict[str, Any]:
                     "startup_timeout_s": 900,
                 }
             )
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                "args": {
-                    "models": models,
-                    "gateway": {"request_timeout_s": 600, "max_queue_per_slot": 100000},
-                },
-            }
-        ],
-    }
+    return one_app(
+        {
+            "models": models,
+            "gateway": {"request_timeout_s": 600, "max_queue_per_slot": 100000},
+        }
+    )
 
 
 def rm_body(model: str, i: int) -> dict[str, Any]:

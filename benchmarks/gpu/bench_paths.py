@@ -639,26 +639,20 @@ def serve_config(
                 **m.spec,
             }
         )
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                "args": {
-                    "models": models,
-                    "gateway": {
-                        "request_timeout_s": 900,
-                        "slot_wait_s": 900,
-                        "max_queue_per_slot": 100000,
-                        "canary_interval_s": 0,
-                        "ingress_replicas": ingress_replicas,
-                    },
-                },
-            }
-        ],
-    }
+    from gateway.harness.running import serve_config as one_app
+
+    return one_app(
+        {
+            "models": models,
+            "gateway": {
+                "request_timeout_s": 900,
+                "slot_wait_s": 900,
+                "max_queue_per_slot": 100000,
+                "canary_interval_s": 0,
+                "ingress_replicas": ingress_replicas,
+            },
+        }
+    )
 
 
 def memory_gib(layout: Layout) -> float:

@@ -35,6 +35,7 @@ import httpx
 
 from benchmarks.gpu.bench_paths import gateway, log
 from benchmarks.gpu.models_gpu import build_in_child
+from gateway.harness.running import serve_config
 
 TEMPLATE = "Is {prompt}{response} right?"
 YES = {
@@ -66,44 +67,36 @@ def config(model_path: str) -> dict[str, Any]:
     def program(name: str, model_name: str, scorer: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "components": [{"name": "p", "model": model_name, "scorer": scorer}]}
 
-    return {
-        "http_options": {"host": "127.0.0.1", "port": 8000},
-        "applications": [
-            {
-                "name": "rmgate",
-                "route_prefix": "/",
-                "import_path": "gateway.serve.app:build_app",
-                "args": {
-                    "gateway": {
-                        "cache": "off",
-                        "ledger": {"backend": "off"},
-                        "placement": "pinned",
-                        "slot_wait_s": 300,
-                        "default_reward_model": "yes",
+    return serve_config(
+        {
+            "gateway": {
+                "cache": "off",
+                "ledger": {"backend": "off"},
+                "placement": "pinned",
+                "slot_wait_s": 300,
+                "default_reward_model": "yes",
+            },
+            "models": [
+                {**model, "name": "judge", "replicas": 2, "determinism": "auto"},
+                {**model, "name": "judge_plain", "replicas": 1, "determinism": "off"},
+            ],
+            "programs": [
+                program("yes_direct", "judge", YES),
+                program("yes", "judge", {**YES, "read": "prompt_logprobs"}),
+                program(
+                    "rating",
+                    "judge",
+                    {
+                        "type": "expected_rating",
+                        "template": TEMPLATE,
+                        "answer_prefix": "Score: ",
+                        "read": "prompt_logprobs",
                     },
-                    "models": [
-                        {**model, "name": "judge", "replicas": 2, "determinism": "auto"},
-                        {**model, "name": "judge_plain", "replicas": 1, "determinism": "off"},
-                    ],
-                    "programs": [
-                        program("yes_direct", "judge", YES),
-                        program("yes", "judge", {**YES, "read": "prompt_logprobs"}),
-                        program(
-                            "rating",
-                            "judge",
-                            {
-                                "type": "expected_rating",
-                                "template": TEMPLATE,
-                                "answer_prefix": "Score: ",
-                                "read": "prompt_logprobs",
-                            },
-                        ),
-                        program("yes_plain", "judge_plain", {**YES, "read": "prompt_logprobs"}),
-                    ],
-                },
-            }
-        ],
-    }
+                ),
+                program("yes_plain", "judge_plain", {**YES, "read": "prompt_logprobs"}),
+            ],
+        }
+    )
 
 
 def items(n: int) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,6 +22,22 @@ from gateway.harness.processes import stop_process_group, wait_until_gone
 
 #: The checkout (or, installed, the folder holding the packages): ``rmgate serve`` runs there.
 REPO = Path(__file__).resolve().parents[2]
+
+
+def serve_config(args: dict[str, Any]) -> dict[str, Any]:
+    """A Serve config file's content with one rmgate application of ``args`` (its
+    ``gateway``, ``models``, ``programs``), on loopback: what ``running_gateway`` serves."""
+    return {
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [
+            {
+                "name": "rmgate",
+                "route_prefix": "/",
+                "import_path": "gateway.serve.app:build_app",
+                "args": args,
+            }
+        ],
+    }
 
 
 def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
