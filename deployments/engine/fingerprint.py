@@ -35,10 +35,17 @@ def vllm_version() -> str:
 
 
 def build_fingerprint(
-    *, model_digest: str, device: str, mode: str, dtype: str | None, attention: str | None = None
+    *,
+    model_digest: str,
+    device: str,
+    mode: str,
+    dtype: str | None,
+    attention: str | None = None,
+    prefix_cache: bool | None = None,
 ) -> str:
     """``attention`` is part of it: under batch invariance two backends give two sets of
-    bits, so slots of one model must share one (and a mismatch must be visible)."""
+    bits, so slots of one model must share one (and a mismatch must be visible). So is a
+    prefix cache where it is on (proven bit-neutral, but a slot with it is another setup)."""
     parts = [
         f"vllm={vllm_version()}",
         f"model={model_digest[:12]}",
@@ -49,4 +56,6 @@ def build_fingerprint(
         parts.append(f"dtype={dtype}")
     if attention:
         parts.append(f"attn={attention}")
+    if prefix_cache:
+        parts.append("prefix_cache=on")
     return ";".join(p.replace(",", " ") for p in parts)

@@ -137,6 +137,7 @@ def slot_identity(
         "dtype": spec.engine_args.get("dtype", "auto"),
         "quantization": spec.engine_args.get("quantization"),
         "attention": plan.attention_backend,
+        "prefix_cache": plan.prefix_cache,
         "tensor_parallel_size": int(spec.engine_args.get("tensor_parallel_size", 1)),
         "pipeline_parallel_size": int(spec.engine_args.get("pipeline_parallel_size", 1)),
         "device": platform.device,

@@ -108,7 +108,7 @@ def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> di
     return resp.json()
 
 
-def _split_classify(payload: dict[str, Any]) -> list[dict[str, Any]]:
+def split_classify(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One ``/classify`` list response as the one-input responses of its items (index 0
     each, in input order), so a batched probe's answer compares with its answer alone."""
     items = sorted(payload["data"], key=lambda d: d["index"])
@@ -144,7 +144,7 @@ def run_selftest(
             def batch(order: list[int]) -> dict[int, Answer]:
                 if kind == "discriminative":
                     body = {**probes[0][1], "input": [probes[i][1]["input"] for i in order]}
-                    items = _split_classify(_send(client, url, "/classify", body))
+                    items = split_classify(_send(client, url, "/classify", body))
                     if len(items) != len(order):
                         raise ValueError(f"{len(items)} answers to {len(order)} inputs")
                     return {i: answer_of("/classify", item) for i, item in zip(order, items)}

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from ray import serve
@@ -22,11 +23,13 @@ from deployments.engine.args import detect_platform, engine_headers, needs_selft
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
 from deployments.engine.ports import PortReservation
+from deployments.engine.prefix_check import run_prefix_check
 from deployments.engine.process import EngineProcess
 from deployments.engine.selftest import run_selftest
 from gateway.core.config.settings import ModelSpec
 
 logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
 
 ENGINE_HOST = "127.0.0.1"
 
@@ -67,21 +70,24 @@ class SlotReplica:
         self.slot = slot
         self.platform = detect_platform()
         self.selftest: dict[str, Any] | None = None
-        self._start_engine(self.spec)
-        if needs_selftest(self.spec, self.plan.mode):
-            result = run_selftest(
-                self.engine.url,
-                self.spec.kind,
-                self.spec.name,
-                headers=engine_headers(self.plan),
-                max_model_len=self.spec.max_model_len,
-            )
+        self.prefix_cache: dict[str, Any] | None = None
+        running = self.spec
+        self._start_engine(running)
+        if needs_selftest(running, self.plan.mode):
+            result = self._probe(run_selftest, running)
             self.selftest = {**result.as_dict(), "mode": self.plan.mode}
-            logger.info("slot %s-%d: self-test %s", self.spec.name, slot, result.summary())
+            logger.info("slot %s-%d: self-test %s", running.name, slot, result.summary())
             if not result.passed:
-                self.engine.stop()
-                self._start_engine(self.spec.model_copy(update={"determinism": "serialize"}))
+                running = running.model_copy(update={"determinism": "serialize"})
+                self._restart_engine(running)
                 self.selftest["fallback"] = "serialize"
+        if self.plan.prefix_cache:  # asked for (prefix_cache: auto): proven, or off
+            check = self._probe(run_prefix_check, running)
+            self.prefix_cache = {"enabled": check.passed, "check": check.as_dict()}
+            logger.info("slot %s-%d: prefix-cache check %s", running.name, slot, check.summary())
+            if not check.passed:
+                running = running.model_copy(update={"prefix_cache": "off"})
+                self._restart_engine(running)
         # The slot's numerics class: its identity and its answers to the golden probes,
         # one at a time, before it serves (gateway.core.routing.numerics).
         self.numerics = slot_numerics(
@@ -110,6 +116,20 @@ class SlotReplica:
             self.plan.mode,
         )
 
+    def _probe(self, check: Callable[..., T], spec: ModelSpec) -> T:
+        """A start-up check (self-test, prefix-cache check) of the running engine."""
+        return check(
+            self.engine.url,
+            spec.kind,
+            spec.name,
+            headers=engine_headers(self.plan),
+            max_model_len=spec.max_model_len,
+        )
+
+    def _restart_engine(self, spec: ModelSpec) -> None:
+        self.engine.stop()
+        self._start_engine(spec)
+
     def _start_engine(self, spec: ModelSpec) -> None:
         # loopback: only this node reaches the engine; node: the ingress on another node
         # does too. Either way the engine answers only callers with its secret, which only
@@ -129,6 +149,7 @@ class SlotReplica:
                 mode=self.plan.mode,
                 dtype=spec.engine_args.get("dtype"),
                 attention=self.plan.attention_backend,
+                prefix_cache=self.plan.prefix_cache,
             )
             if self.platform.device == "cuda":  # engines packed on one GPU must not share caches
                 cache = Path(tempfile.gettempdir()) / "rmgate-cache" / f"{spec.name}-{self.slot}"
@@ -155,6 +176,7 @@ class SlotReplica:
             "slot": self.slot,
             "engine_pid": self.engine.pid,
             "selftest": self.selftest,
+            "prefix_cache": self.prefix_cache,
             "numerics": self.numerics,
             "node": _where(self.engine),
             "secret": self.secret,

@@ -164,6 +164,13 @@ def replay(
     plot_path: Path | None = typer.Option(
         None, "--plot", help="Also write the histogram of |diff| as a PNG."
     ),
+    groups: bool = typer.Option(
+        False,
+        "--groups",
+        help="Replay the group scorers' runs (pairwise, listwise): every answer each "
+        "recorded group's rewards were read from, and say which groups could change.",
+    ),
+    program: str | None = typer.Option(None, help="With --groups: only this program's groups."),
     api_key: str | None = typer.Option(None, envvar="RMGATE_API_KEY"),
     db: str | None = DB,
     config: Path | None = CONFIG,
@@ -177,8 +184,18 @@ def replay(
     from gateway.client import ledger_replay as lr
 
     store = open_ledger_store(db, config)
+    group_rows: list = []
+    missing: set[str] = set()
     try:
-        rows = lr.pick(store.rows(model=model, since=parse_since(since)), sample)
+        if groups:
+            group_rows = store.group_rows(program=program)
+            found = {
+                r: store.get(r, include_invalidated=True) for r in lr.group_receipts(group_rows)
+            }
+            missing = {r for r, row in found.items() if row is None}
+            rows = lr.pick((row for row in found.values() if row is not None), sample)
+        else:
+            rows = lr.pick(store.rows(model=model, since=parse_since(since)), sample)
     finally:
         store.close()
     if not rows:
@@ -203,13 +220,21 @@ def replay(
             else ""
         )
     )
+    if groups:
+        changed = lr.changed_groups(group_rows, report, missing)
+        typer.echo(
+            f"groups: {len(group_rows)} replayed, {len(group_rows) - len(changed)} identical, "
+            f"{len(changed)} changed" + (f" ({len(missing)} answers missing)" if missing else "")
+        )
+        for identity in changed:
+            typer.echo(f"  changed group row {identity}")
     if v.differing:
         typer.echo(f"max |diff| {v.max_abs_diff:.3g}")
         typer.echo(lr.format_histogram(report.diffs))
     if plot_path is not None:
         lr.plot(report.diffs, str(plot_path))
         typer.echo(f"histogram -> {plot_path}")
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(0 if report.ok and not missing else 1)
 
 
 @ledger_app.command()

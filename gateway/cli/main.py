@@ -16,6 +16,7 @@ import typer
 
 from gateway.cli.config_file import load_serve_config, render
 from gateway.cli.ledger import ledger_app
+from gateway.core.config.scoring import GROUP_SCORER_TYPES
 
 app = typer.Typer(
     add_completion=False,
@@ -80,13 +81,25 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
         )
         lines.append(f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'")
     for program in (cfg["applications"][0].get("args") or {}).get("programs") or []:
-        body = (
-            '{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
-            % program["name"]
-        )
+        if any(
+            (c.get("scorer") or {}).get("type") in GROUP_SCORER_TYPES
+            for c in program.get("components") or []
+        ):
+            items = ", ".join(
+                '{"prompt": "3+4=", "response": "%s", "group": "q1"}' % r
+                for r in ("7", "9", "seven")
+            )
+            body = '{"model": "%s", "items": [%s]}' % (program["name"], items)
+            note = "a group's answers compared (details: the comparisons)"
+        else:
+            body = (
+                '{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
+                % program["name"]
+            )
+            note = "per-component details"
         lines.append(
             f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'"
-            f"   # reward program {program['name']}: per-component details"
+            f"   # reward program {program['name']}: {note}"
         )
     lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.client.check import Call, Result, RunVerdict, compare, essence, max_abs_diff
 from gateway.client.check import replay as send_all
-from gateway.core.ledger_policy.row import LedgerRow
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 
 #: Histogram bins of |diff| (upper bounds), the first for "changed in bits, not in value".
 BINS: tuple[tuple[str, float], ...] = (
@@ -39,6 +39,8 @@ class ReplayReport:
     diffs: list[float] = field(default_factory=list)
     #: Rows recorded without their body (``keep_bodies: false``): not replayable.
     without_body: int = 0
+    #: Receipts of the rows whose answer changed or failed.
+    changed: set[str] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -81,7 +83,30 @@ async def replay_rows(
         for i in reference
         if run[i].status == 200 and run[i].essence != reference[i].essence
     ]
-    return ReplayReport(verdict, diffs, len(rows) - len(usable))
+    changed = {
+        usable[i].identity
+        for i in reference
+        if run[i].status != 200 or run[i].essence != reference[i].essence
+    }
+    return ReplayReport(verdict, diffs, len(rows) - len(usable), changed)
+
+
+def group_receipts(groups: Iterable[GroupRow]) -> list[str]:
+    """Every receipt the group rows name, each once, in order."""
+    seen: dict[str, None] = {}
+    for group in groups:
+        seen.update(dict.fromkeys(group.receipts()))
+    return list(seen)
+
+
+def changed_groups(
+    groups: Iterable[GroupRow], report: ReplayReport, missing: set[str]
+) -> list[str]:
+    """The group rows (identities) whose rewards may differ now: one of their answers
+    changed, failed, or is not in the ledger any more (a group's rewards are a pure
+    function of its answers: all identical, the group's rewards are)."""
+    bad = report.changed | missing
+    return [g.identity for g in groups if bad.intersection(g.receipts())]
 
 
 def histogram(diffs: list[float]) -> list[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""verl drop-in: a ``compute_score`` for ``reward.custom_reward_function.path``.
+"""verl drop-in: ``compute_score`` (and ``compute_score_batch``) for ``custom_reward_function``.
 
     reward.custom_reward_function.path=<site-packages>/gateway/client/verl.py
     reward.custom_reward_function.name=compute_score          # or compute_score_async
@@ -18,12 +18,33 @@ verl calls ``compute_score`` once per sample, from several executor threads at o
 ``RewardClient`` per (address, model) is cached in ``_CLIENTS``, and its sync API runs on one
 private loop thread with one keep-alive pool, so all those calls share at most 64 TCP
 connections to the gateway instead of opening one per sample.
+
+``compute_score_batch`` is the same for verl's batch reward manager (verl up to 0.8:
+``reward_model.reward_manager=batch``; verl 0.9's reward loop has no ``batch`` manager),
+which calls it once per batch with lists::
+
+    reward_model.reward_manager=batch
+    custom_reward_function.path=<site-packages>/gateway/client/verl.py
+    custom_reward_function.name=compute_score_batch
+    +custom_reward_function.reward_kwargs.reward_router_address=127.0.0.1:8000
+    +custom_reward_function.reward_kwargs.model=rm
+
+It sends the whole batch in one ``score_detailed`` call, each item in the group of its
+prompt (``group_of``): the samples GRPO draws for one prompt meet on one slot. verl keeps
+GRPO's ``uid`` in ``data.non_tensor_batch["uid"]``, which the batch manager does not pass;
+it passes each sample's dataset ``extra_info``, which the samples of one prompt share
+(verl repeats the row), so the group is ``extra_info["uid"]`` where a pipeline put it
+there, else the row's ``extra_info["index"]`` (verl's data_preprocess scripts write it)
+with the data source; a sample with neither is placed alone. Groups decide placement
+only: every reward is the bits of its item sent alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.client import RewardClient
@@ -33,6 +54,8 @@ _CLIENTS: dict[tuple[str, str | None], RewardClient] = {}
 # (the loser's pool and loop thread would be left behind): creation happens under this lock.
 _CLIENTS_LOCK = threading.Lock()
 PROMPT_KEYS = ("messages", "raw_prompt", "prompt", "question")
+#: The longest ``group`` /v1/rewards takes; a longer one is sent as its sha256.
+GROUP_MAX = 256
 
 
 def _client(address: str | None, model: str | None) -> RewardClient:
@@ -130,3 +153,47 @@ async def compute_score_async(
     item = build_item(solution_str, ground_truth, extra_info, prompt)
     reward, detail = (await _client(reward_router_address, model).ascore_detailed([item]))[0]
     return _result(reward, detail)
+
+
+def group_of(data_source: Any, extra_info: dict[str, Any] | None) -> str | None:
+    """A verl sample's ``group`` (see the module docstring): ``uid:<uid>`` from
+    ``extra_info["uid"]``, else ``index:<data source>:<index>`` from the dataset row's
+    ``extra_info["index"]``; None (placed alone) without either."""
+    if not extra_info:
+        return None
+    if extra_info.get("uid") is not None:
+        group = f"uid:{extra_info['uid']}"
+    elif extra_info.get("index") is not None:
+        group = f"index:{data_source}:{extra_info['index']}"
+    else:
+        return None
+    if len(group) > GROUP_MAX:
+        group = "sha256:" + hashlib.sha256(group.encode()).hexdigest()
+    return group
+
+
+def compute_score_batch(
+    data_sources: Sequence[Any],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[dict[str, Any] | None] | None = None,
+    *,
+    reward_router_address: str | None = None,
+    model: str | None = None,
+    **_: Any,
+) -> list[dict[str, Any]]:
+    """verl's batch reward function (``reward_model.reward_manager=batch``): one result
+    dict per sample, in order, from one ``score_detailed`` call; each item grouped by
+    ``group_of``."""
+    extras = list(extra_infos) if extra_infos is not None else [None] * len(solution_strs)
+    items = []
+    for source, solution, truth, extra in zip(
+        data_sources, solution_strs, ground_truths, extras, strict=True
+    ):
+        item = build_item(solution, truth, extra)
+        group = group_of(source, extra)
+        if group is not None:
+            item["group"] = group
+        items.append(item)
+    scored = _client(reward_router_address, model).score_detailed(items)
+    return [_result(reward, detail) for reward, detail in scored]

@@ -12,8 +12,10 @@ HTTP layer renders both, the transport does the I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from gateway.core.api import slime
 from gateway.core.api.results import GatewayResult
 from gateway.core.api.schemas import ModelList
 from gateway.core.config.settings import AppConfig, Kind, ModelSpec
@@ -112,3 +114,17 @@ class RewardService:
     ) -> GatewayResult:
         """``POST /get_reward`` (OpenRLHF's remote reward protocol)."""
         return await self.scoring.get_reward(raw, deadline or self.deadline(), use_cache)
+
+    async def slime_reward(
+        self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
+    ) -> GatewayResult:
+        """``POST /slime/reward`` (slime's ``--rm-type remote_rm``): its samples as
+        ``/v1/rewards`` items, each in the group of its prompt, scored with
+        ``gateway.default_reward_model``; answered as slime reads it
+        (``gateway.core.api.slime``)."""
+        samples, single = slime.parse(raw)
+        if not samples:
+            return GatewayResult(model="", body=b"[]", endpoint=slime.SLIME_PATH)
+        result = await self.rewards(slime.rewards_body(samples), deadline, use_cache)
+        body = slime.answer(result.body, single)
+        return dataclasses.replace(result, body=body, endpoint=slime.SLIME_PATH)

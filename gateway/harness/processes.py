@@ -165,10 +165,21 @@ def engine_requests_done(url: str, models: Iterable[str] | None = None) -> float
     """Requests the engines of a local gateway at ``url`` finished (of ``models``, else
     all), by the engines' own count (vLLM's ``vllm:request_success_total``, read with each
     engine's secret): what a test or benchmark counts engine calls by, not the gateway."""
+    return engine_metric_totals(url, ("vllm:request_success_total",), models)[
+        "vllm:request_success_total"
+    ]
+
+
+def engine_metric_totals(
+    url: str, names: Iterable[str], models: Iterable[str] | None = None
+) -> dict[str, float]:
+    """Each of the counters ``names`` (e.g. ``vllm:prompt_tokens_total``,
+    ``vllm:prefix_cache_hits_total``), summed over the engines of a local gateway at
+    ``url`` (of ``models``, else all), read from each engine with its secret."""
     import httpx
 
     wanted = None if models is None else set(models)
-    total = 0.0
+    totals = dict.fromkeys(names, 0.0)
     for card in httpx.get(url + "/v1/models", timeout=30).json()["data"]:
         if wanted is not None and card["id"] not in wanted:
             continue
@@ -179,9 +190,8 @@ def engine_requests_done(url: str, models: Iterable[str] | None = None) -> float
             text = httpx.get(
                 f"http://127.0.0.1:{port}/metrics", timeout=30, headers=engine_secret_headers(port)
             ).text
-            total += sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("vllm:request_success_total")
-            )
-    return total
+            for line in text.splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in totals:
+                    totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals

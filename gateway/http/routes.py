@@ -24,7 +24,9 @@ from gateway.core.api.schemas import (
     EmbeddingRequest,
     GetRewardRequest,
     RewardsRequest,
+    SlimeRewardRequest,
 )
+from gateway.core.api.slime import SLIME_PATH
 from gateway.core.service import RewardService
 from gateway.http.auth import auth_dependencies
 from gateway.http.errors import ERROR_RESPONSES
@@ -81,6 +83,15 @@ SCORING_ROUTES: tuple[ScoringRoute, ...] = (
         GetRewardRequest,
         "rewards",
         "OpenRLHF's remote reward protocol: query/prompts/labels -> rewards/scores.",
+    ),
+    ScoringRoute(
+        SLIME_PATH,
+        RewardService.slime_reward,
+        SlimeRewardRequest,
+        "rewards",
+        "slime's remote reward model (--rm-type remote_rm): {prompt, response, label} -> "
+        "the reward (a JSON number); a list of samples -> the list of rewards. Each sample "
+        "is scored with gateway.default_reward_model in the group of its prompt.",
     ),
 )
 

@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 
 from gateway.core.config.settings import LedgerSettings
-from gateway.core.ledger_policy.row import LedgerRow
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 from gateway.ledger.sql_store import SqlLedger
 from gateway.ledger.writer import LedgerWriter
 
@@ -146,6 +146,10 @@ class Ledger:
         if remember and self.recent.get(row.identity) is None:
             self.recent.put(row)
         self.writer.record(row)
+
+    def record_group(self, row: GroupRow) -> None:
+        """Keep a group scorer's row (never blocks, never fails the request)."""
+        self.writer.record_group(row)
 
     def counted(self, model: str, numerics_class: str | None, outcome: str) -> None:
         self.writer.count(model, numerics_class or "", outcome)

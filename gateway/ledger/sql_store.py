@@ -17,10 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.ledger_policy.row import LedgerRow
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 
 #: The schema this code reads and writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 COLUMNS = (
     "identity",
@@ -37,6 +37,15 @@ COLUMNS = (
     "fingerprint",
     "seed",
     "latency_s",
+    "recorded_at",
+)
+GROUP_COLUMNS = (
+    "identity",
+    "group_identity",
+    "program",
+    "component",
+    "scorer",
+    "members",
     "recorded_at",
 )
 
@@ -98,6 +107,17 @@ class Dialect:
                        n {self.bigint} NOT NULL,
                        PRIMARY KEY (model, numerics_class, outcome))""",
             ),
+            3: (
+                f"""CREATE TABLE group_rows (
+                       identity TEXT PRIMARY KEY,
+                       group_identity TEXT NOT NULL,
+                       program TEXT NOT NULL,
+                       component TEXT NOT NULL,
+                       scorer TEXT NOT NULL,
+                       members TEXT NOT NULL,
+                       recorded_at {self.real} NOT NULL)""",
+                "CREATE INDEX group_rows_by_program ON group_rows (program, recorded_at)",
+            ),
         }
 
 
@@ -129,11 +149,15 @@ class SqlLedger:
 
     # ---- writing -------------------------------------------------------------------------
     def write(
-        self, rows: Sequence[LedgerRow], counts: Mapping[tuple[str, str, str], int] | None = None
+        self,
+        rows: Sequence[LedgerRow],
+        counts: Mapping[tuple[str, str, str], int] | None = None,
+        groups: Sequence[GroupRow] = (),
     ) -> None:
         """Insert ``rows`` (an identity already recorded is kept unless it was invalidated)
-        and add ``counts`` (``(model, class, outcome) -> n``) in one transaction."""
-        if not rows and not counts:
+        and ``groups`` (the first row of a group identity is kept), and add ``counts``
+        (``(model, class, outcome) -> n``), in one transaction."""
+        if not rows and not counts and not groups:
             return
         values = [tuple(getattr(r, c) for c in COLUMNS) for r in map(LedgerRow.readable, rows)]
         marks = ", ".join("?" * len(COLUMNS))
@@ -146,6 +170,15 @@ class SqlLedger:
                     f"VALUES ({marks}, NULL) ON CONFLICT (identity) DO UPDATE SET {updates}, "
                     "invalidated_at = NULL WHERE rewards.invalidated_at IS NOT NULL",
                     values,
+                )
+            )
+        if groups:
+            statements.append(
+                (
+                    f"INSERT INTO group_rows ({', '.join(GROUP_COLUMNS)}) "
+                    f"VALUES ({', '.join('?' * len(GROUP_COLUMNS))}) "
+                    "ON CONFLICT (identity) DO NOTHING",
+                    [tuple(getattr(g, c) for c in GROUP_COLUMNS) for g in groups],
                 )
             )
         if counts:
@@ -173,6 +206,19 @@ class SqlLedger:
             fetch=True,
         )
         return None if not found else _row(found[0])
+
+    def group_rows(self, *, program: str | None = None) -> list[GroupRow]:
+        """Every group row (of ``program``), oldest first."""
+        where, params = ("WHERE program = ? ", (program,)) if program is not None else ("", ())
+        return [
+            GroupRow(*raw)
+            for raw in self._run(
+                f"SELECT {', '.join(GROUP_COLUMNS)} FROM group_rows {where}"
+                "ORDER BY recorded_at, identity",
+                params,
+                fetch=True,
+            )
+        ]
 
     def count(self) -> int:
         return int(self._run("SELECT count(*) FROM rewards", fetch=True)[0][0])

@@ -16,7 +16,7 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from gateway.core.ledger_policy.row import LedgerRow
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 from gateway.observability import metrics
 
 logger = logging.getLogger("rmgate")
@@ -26,7 +26,10 @@ class LedgerStore(Protocol):
     """Where rows go (``SqliteLedger``, the PostgreSQL store): blocking calls."""
 
     def write(
-        self, rows: Sequence[LedgerRow], counts: Mapping[tuple[str, str, str], int] | None = None
+        self,
+        rows: Sequence[LedgerRow],
+        counts: Mapping[tuple[str, str, str], int] | None = None,
+        groups: Sequence[GroupRow] = (),
     ) -> None: ...
 
     def get(self, identity: str) -> LedgerRow | None: ...
@@ -54,6 +57,8 @@ class LedgerWriter:
         self._buffer: deque[LedgerRow] = deque()
         #: Cache outcomes per (model, class, outcome) not written yet.
         self._counts: Counter[tuple[str, str, str]] = Counter()
+        #: Group rows not written yet (few: one per group scorer run).
+        self._groups: list[GroupRow] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -85,6 +90,14 @@ class LedgerWriter:
         if len(self._buffer) >= self.batch_rows:
             self._wake.set()
 
+    def record_group(self, row: GroupRow) -> None:
+        """Queue a group row for the next batch (dropped and counted past the bound)."""
+        if self.buffered + len(self._groups) >= self.max_buffered:
+            self.dropped += 1
+            metrics.LEDGER_DROPPED.inc()
+            return
+        self._groups.append(row)
+
     def count(self, model: str, numerics_class: str, outcome: str) -> None:
         """Count one cache outcome (written with the next batch)."""
         self._counts[(model, numerics_class, outcome)] += 1
@@ -107,15 +120,18 @@ class LedgerWriter:
     async def flush(self) -> bool:
         """Write what is buffered, batch by batch; False when the store refused a batch
         (its rows stay at the front of the buffer, in order)."""
-        while self._buffer or self._counts:
+        while self._buffer or self._counts or self._groups:
             batch = [self._buffer.popleft() for _ in range(min(self.batch_rows, len(self._buffer)))]
             counts, self._counts = self._counts, Counter()
+            groups, self._groups = self._groups, []
             self._writing = len(batch)
             try:
-                await asyncio.to_thread(self.store.write, batch, counts)
+                # a group row after its members' rows: in the same transaction
+                await asyncio.to_thread(self.store.write, batch, counts, groups)
             except Exception as exc:  # noqa: BLE001 - any store failure: keep the rows
                 self._buffer.extendleft(reversed(batch))
                 self._counts.update(counts)
+                self._groups[:0] = groups
                 metrics.LEDGER_WRITE_ERRORS.inc()
                 logger.warning(
                     "ledger: write of %d rows failed (%s: %s); %d rows buffered, retrying",

@@ -50,12 +50,12 @@ def _resolved(scorer: Any, model_path: str, where: str) -> Any:
     if isinstance(scorer, JudgeProbSpec) and scorer.label_token_ids is None:
         yes = [token_id(model_path, t, where) for t in scorer.yes]
         no = [token_id(model_path, t, where) for t in scorer.no]
-        return JudgeProbSpec.model_validate(
+        return type(scorer).model_validate(
             {**scorer.model_dump(), "yes_token_ids": yes, "no_token_ids": no}
         )
     if isinstance(scorer, ExpectedRatingSpec) and scorer.rating_token_ids is None:
         ids = [token_id(model_path, t, where) for t in scorer.ratings]
-        return ExpectedRatingSpec.model_validate({**scorer.model_dump(), "rating_token_ids": ids})
+        return type(scorer).model_validate({**scorer.model_dump(), "rating_token_ids": ids})
     return scorer
 
 

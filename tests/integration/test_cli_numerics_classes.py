@@ -39,9 +39,11 @@ import yaml
 from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.api.answers import answer_of
 from gateway.core.routing.hashing import slot_for_key
+from gateway.core.routing.keys import group_key
 from gateway.harness.processes import engine_launcher_pid, engine_secret_headers
 from gateway.harness.running import dashboard_address, metric_total, running_gateway
 from gateway.harness.slowdowns import duty_cycled
+from tests.integration.prefix_groups import GROUP_REWARDS, MODELS, grpo_items, post_rewards
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +52,13 @@ BIN = Path(sys.executable).parent
 #: The canary's interval here: short, so that a drift is seen within seconds.
 CANARY_S = 4.0
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
+YES = {
+    "type": "judge_prob",
+    "template": "Is {prompt}{response} right?",
+    "answer_prefix": "Score: ",
+    "yes": ["1"],
+    "no": ["0"],
+}
 
 
 def config(models_dir: Path) -> dict:
@@ -86,6 +95,14 @@ def config(models_dir: Path) -> dict:
                             "engine_env": {"VLLM_SERVER_DEV_MODE": "1"},
                             **common,
                         },
+                    ],
+                    # the session gateway's judge_prob program (prefix_groups): its groups'
+                    # rewards, computed with a proven prefix cache, compared here without one
+                    "programs": [
+                        {
+                            "name": "judge_yes",
+                            "components": [{"name": "p", "model": "judge", "scorer": YES}],
+                        }
                     ],
                 },
             }
@@ -156,6 +173,26 @@ def test_the_slots_of_a_model_form_one_class(classes_gateway):
     assert models["judge"]["numerics_classes"][0] != models["rm"]["numerics_classes"][0]
 
 
+@pytest.mark.parametrize("model", MODELS)
+async def test_groups_answered_with_a_proven_cache_have_the_bits_of_items_without_one(
+    classes_gateway, request, model
+):
+    """The session gateway's engines cached the groups' shared prompts (``prefix_cache:
+    auto``, proven at start-up); these engines have no prefix cache. The same items, sent one
+    by one here, shuffled, must give the session's group rewards bit for bit."""
+    stashed = request.config.stash.get(GROUP_REWARDS, {}).get(model)
+    if stashed is None:
+        pytest.skip(
+            "needs the session gateway's group rewards (tests/integration/test_prefix_cache.py)"
+        )
+    url, _, _ = classes_gateway
+    models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
+    assert all(not any(m["prefix_cache"]) for m in models), "the reference has no cache"
+    items = grpo_items()
+    alone = await post_rewards(url, model, [[item] for item in items], 8, 4)
+    assert [a["rewards"][0] for a in alone] == stashed
+
+
 def test_a_slow_slots_keys_are_answered_by_its_class_mate_with_the_same_bits(classes_gateway):
     url, engines, _ = classes_gateway
     calls = grm_calls(60, model="judge", seed=5, max_tokens=8) + disrm_calls(
@@ -193,20 +230,31 @@ def test_a_killed_engines_keys_go_to_its_class_mate_at_once(classes_gateway):
     order = list(range(len(calls)))
     reference = asyncio.run(_replay(url, calls, order, 4))
     group = _engine_group(engines, "rm-0")
+    groups = _home_groups(4, 8, slot=0)
+    group_reference = asyncio.run(_send_groups(url, groups, passes=1))
 
-    async def under_load() -> dict[int, tuple]:
+    async def under_load() -> tuple[dict[int, tuple], list[tuple]]:
         async def kill() -> None:
             await asyncio.sleep(1.0)
             os.killpg(group, signal.SIGKILL)
 
         killer = asyncio.ensure_future(kill())
-        out = await _replay(url, calls, order, 4)
+        out, grouped = await asyncio.gather(
+            _replay(url, calls, order, 4), _send_groups(url, groups, passes=4, start_s=0.8)
+        )
         await killer
-        return out
+        return out, grouped
 
     start = time.monotonic()
-    result = asyncio.run(under_load())
+    result, grouped = asyncio.run(under_load())
     took = time.monotonic() - start
+    # groups of slot 0 sent across the kill: every one answered, with its bits, by the
+    # class mate once its home is gone
+    assert all(status == 200 for status, _, _ in grouped), grouped[:2]
+    assert all(
+        rewards == group_reference[i % len(groups)][1] for i, (_, rewards, _) in enumerate(grouped)
+    )
+    assert any("1" in slots for _, _, slots in grouped), "no group went to the class mate"
     assert all(result[i][0] == 200 for i in order), [
         result[i] for i in order if result[i][0] != 200
     ][:3]
@@ -220,6 +268,39 @@ def test_a_killed_engines_keys_go_to_its_class_mate_at_once(classes_gateway):
         f"took {took:.1f} s"
     )
     assert away and worst < 15.0  # a restart takes ~40-50 s on this machine
+
+
+def _home_groups(n: int, size: int, slot: int) -> list[list[dict]]:
+    """``n`` groups of ``size`` DisRM items whose group key's home is ``slot`` (of 2)."""
+    out: list[list[dict]] = []
+    g = 0
+    while len(out) < n:
+        name = f"kill-{g}"
+        g += 1
+        if slot_for_key(group_key("rm", name), 2) != slot:
+            continue
+        prompt = f"Problem {g}: add " + " + ".join(str(k) for k in range(g, g + 30))
+        out.append([{"prompt": prompt, "response": f" {r}", "group": name} for r in range(size)])
+    return out
+
+
+async def _send_groups(
+    url: str, groups: list[list[dict]], passes: int, start_s: float = 0.0
+) -> list[tuple[int, list, set[str]]]:
+    """(status, rewards, answering slots) of each group, sent one after another,
+    ``passes`` times over, starting after ``start_s``."""
+    await asyncio.sleep(start_s)
+    out = []
+    async with httpx.AsyncClient(base_url=url, timeout=300) as c:
+        for _ in range(passes):
+            for items in groups:
+                r = await c.post("/v1/rewards", json={"model": "rm", "items": items})
+                if r.status_code != 200:
+                    out.append((r.status_code, [], set()))
+                    continue
+                slots = {str(d["slot"]) for d in r.json()["details"]}
+                out.append((200, r.json()["rewards"], slots))
+    return out
 
 
 def _card(url: str, model: str) -> dict:

@@ -485,6 +485,18 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
+    # the group judge the demo prints a curl for: three answers compared, both orders
+    printed = demo.log.read_text(errors="replace")
+    line = next(x for x in printed.splitlines() if "reward program pairwise" in x)
+    body = json.loads(line.split(" -d '", 1)[1].split("'", 1)[0])
+    r = httpx.post(url + "/v1/rewards", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    comparisons = [d["components"][0]["comparisons"] for d in r.json()["details"]]
+    assert all(len(c) == 4 for c in comparisons), comparisons  # 2 others x both orders
+    assert None not in r.json()["rewards"], r.json()
+    # the demo's engines proved their prefix cache at start-up and serve with it
+    cards = {m["id"]: m for m in models["data"]}
+    assert all(p and p["enabled"] for m in ("judge", "rm") for p in cards[m]["prefix_cache"])
 
     listeners = listening_sockets(processes_with_env(marker))
     ours = gateway_ports(port, Path(marker), proc.pid)

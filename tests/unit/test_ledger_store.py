@@ -4,7 +4,9 @@ the event loop, a store that is down, a bounded buffer, a crash."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import json
 import os
 import signal
 import sqlite3
@@ -15,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.ledger_policy.identity import reward_identity
-from gateway.core.ledger_policy.row import LedgerRow
-from gateway.ledger.sqlite_store import SCHEMA_VERSION, LedgerTooNew, SqliteLedger
+from gateway.core.ledger_policy.identity import group_row_identity, reward_identity
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
+from gateway.ledger.sqlite_store import SCHEMA_VERSION, SQLITE, LedgerTooNew, SqliteLedger
 from gateway.ledger.writer import LedgerWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +78,7 @@ class FlakyStore:
         self.up = False
         self.rows: list[LedgerRow] = []
 
-    def write(self, rows, counts=None) -> None:
+    def write(self, rows, counts=None, groups=()) -> None:
         if not self.up:
             raise ConnectionError("database unreachable")
         self.rows.extend(rows)
@@ -214,7 +216,7 @@ async def test_rows_being_written_count_toward_the_bound():
     release = threading.Event()
 
     class SlowDown:
-        def write(self, rows, counts=None):
+        def write(self, rows, counts=None, groups=()):
             release.wait(5)
             raise ConnectionError("down")
 
@@ -234,3 +236,58 @@ async def test_rows_being_written_count_toward_the_bound():
     release.set()
     assert not await flushing
     assert writer.buffered == 10
+
+
+def group_row(n: int, receipts: list[str]) -> GroupRow:
+    members = [{"item": f"i{k}", "score": k / 2, "receipts": [r]} for k, r in enumerate(receipts)]
+    return GroupRow(
+        identity=group_row_identity("pairs", "p", f"g{n}"),
+        group_identity=f"g{n}",
+        program="pairs",
+        component="p",
+        scorer="pairwise",
+        members=json.dumps(members),
+        recorded_at=time.time() + n,
+    )
+
+
+async def test_group_rows_are_written_with_their_members_rows_and_read_back(tmp_path):
+    """A group scorer's row names the receipts its members' scores were read from; it is
+    written with the rows (one transaction), kept as first recorded, and migrated into a
+    database of the previous schema version."""
+    path = tmp_path / "ledger.sqlite"
+    old = sqlite3.connect(path)  # a version-2 database: rewards, no group rows
+    for version in (1, 2):
+        for statement in SQLITE.migrations()[version]:
+            old.execute(statement)
+    old.execute("PRAGMA user_version = 2")
+    old.commit()
+    old.close()
+    store = SqliteLedger(path)
+    writer = LedgerWriter(store, flush_interval_s=0.01)
+    writer.start()
+    rows = [row(i) for i in range(3)]
+    for r in rows:
+        writer.record(r)
+    first = group_row(1, [r.identity for r in rows])
+    writer.record_group(first)
+    writer.record_group(group_row(2, [rows[0].identity]))
+    await writer.flush()
+    store.write([], groups=[dataclasses.replace(first, scorer="listwise")])  # kept as first
+    assert store.group_rows()[0] == first and len(store.group_rows(program="pairs")) == 2
+    assert store.group_rows(program="other") == []
+    assert first.receipts() == [r.identity for r in rows]
+    assert all(store.get(r) is not None for r in first.receipts())
+    await writer.aclose()
+
+
+def test_a_group_changes_when_any_of_its_answers_changed_or_is_missing():
+    from gateway.client.check import RunVerdict
+    from gateway.client.ledger_replay import ReplayReport, changed_groups, group_receipts
+
+    a, b = group_row(1, ["r1", "r2"]), group_row(2, ["r2", "r3"])
+    verdict = RunVerdict("replay", 3, 3, 0, 0, 0.0)
+    assert group_receipts([a, b]) == ["r1", "r2", "r3"]
+    assert changed_groups([a, b], ReplayReport(verdict), set()) == []
+    assert changed_groups([a, b], ReplayReport(verdict, changed={"r1"}), set()) == [a.identity]
+    assert changed_groups([a, b], ReplayReport(verdict), {"r3"}) == [b.identity]

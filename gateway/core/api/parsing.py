@@ -25,8 +25,17 @@ def _reject_constant(name: str) -> Any:
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 that says what is wrong with it."""
+    data = parse_json(raw, "a JSON object")
+    if not isinstance(data, dict):
+        raise InvalidJSON(f"request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def parse_json(raw: bytes, expected: str) -> Any:
+    """The body as JSON of any type (``expected`` names what the endpoint takes, for the
+    400 of an empty body), or a 400 that says what is wrong with it."""
     if not raw.strip():
-        raise InvalidJSON("request body is empty; expected a JSON object")
+        raise InvalidJSON(f"request body is empty; expected {expected}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -37,12 +46,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise InvalidJSON("request body is nested too deeply") from exc
     except ValueError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidJSON(f"request body must be a JSON object, not {type(data).__name__}")
     return data
 
 
-def validate(schema: type[S], body: dict[str, Any]) -> S:
+def validate(schema: type[S], body: Any) -> S:
     """``body`` checked against ``schema`` (422 with every problem, in one line)."""
     try:
         return schema.model_validate(body)

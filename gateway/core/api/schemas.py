@@ -8,9 +8,20 @@ validation answers for it (its 400 is passed through). Types are strict: a seed 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+)
 
 TokenIds = list[StrictInt]
 PromptInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
@@ -98,6 +109,12 @@ class ModelCard(BaseModel):
         description="Per slot: the start-up self-test (alone vs batched, "
         "bitwise) when the slot batches: passed, identical, total, reason, mode, fallback.",
     )
+    prefix_cache: list[dict[str, Any] | None] = Field(
+        default_factory=list,
+        description="Per slot, where the model asks for `prefix_cache: auto`: whether the "
+        "engine caches prefixes (`enabled`) and its start-up cold-vs-warm check (probes "
+        "equal warm alone and batched, cached tokens, reason when off). None: no cache.",
+    )
     placement: str = Field(
         default="pinned",
         description="pinned (a key's own slot) or class "
@@ -178,3 +195,33 @@ class GetRewardRequest(BaseModel):
     query: list[StrictStr] = Field(default_factory=list)
     prompts: list[StrictStr] | None = None
     labels: list[Label] | None = None
+
+
+class SlimeSample(BaseModel):
+    """One sample as slime's ``remote_rm`` posts it (``--rm-type remote_rm``): the
+    ``Sample``'s ``prompt`` (text, or the chat messages when slime leaves the chat template
+    to the reward model), ``response`` and ``label``."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: StrictStr | list[dict[str, Any]]
+    response: StrictStr
+    label: Label = None
+
+
+def _slime_body_kind(body: Any) -> str:
+    return "samples" if isinstance(body, list) else "sample"
+
+
+class SlimeRewardRequest(
+    RootModel[
+        Annotated[
+            Union[
+                Annotated[SlimeSample, Tag("sample")],
+                Annotated[list[SlimeSample], Field(max_length=100_000), Tag("samples")],
+            ],
+            Discriminator(_slime_body_kind),
+        ]
+    ]
+):
+    """``POST /slime/reward``: one sample (what slime's ``remote_rm`` sends) -> its reward,
+    a JSON number (or ``null``: masked); a list of samples -> their rewards, in order."""

@@ -91,6 +91,10 @@ class _LabelJudgeSpec(BaseModel):
         "the token after it (the assistant turn is continued "
         "from it: vLLM's `continue_final_message`).",
     )
+
+    def _check_templates(self) -> None:
+        _check_template(self.template)
+
     read: Literal["logprob_token_ids", "prompt_logprobs"] = Field(
         default="logprob_token_ids",
         description="How the label log-probabilities are "
@@ -130,7 +134,7 @@ class JudgeProbSpec(_LabelJudgeSpec):
 
     @model_validator(mode="after")
     def _check(self) -> JudgeProbSpec:
-        _check_template(self.template)
+        self._check_templates()
         if (self.yes_token_ids is None) != (self.no_token_ids is None):
             raise ValueError("set both `yes_token_ids` and `no_token_ids`, or neither")
         if self.yes_token_ids is not None and self.no_token_ids is not None:
@@ -182,7 +186,7 @@ class ExpectedRatingSpec(_LabelJudgeSpec):
 
     @model_validator(mode="after")
     def _check(self) -> ExpectedRatingSpec:
-        _check_template(self.template)
+        self._check_templates()
         if self.values is None:
             try:
                 self.values = [float(r) for r in self.ratings]
@@ -211,12 +215,116 @@ class ExpectedRatingSpec(_LabelJudgeSpec):
 ModelScorerSpec = Annotated[
     LogitSpec | JudgeTextSpec | JudgeProbSpec | ExpectedRatingSpec, Field(discriminator="type")
 ]
+
+
+# ---- group scorers ---------------------------------------------------------------------
+def _check_fields(template: str, fields: tuple[str, ...], what: str) -> None:
+    try:
+        template.format(**dict.fromkeys(fields, ""))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"bad {what}: {exc} (fields: {', '.join(fields)})") from exc
+
+
+PAIRWISE_FIELDS = ("prompt", "response_a", "response_b", "label")
+LISTWISE_FIELDS = ("prompt", "responses", "label")
+
+
+class PairwiseSpec(JudgeProbSpec):
+    """A group's responses compared two at a time by the judge, each pair in both orders
+    (the position bias cancels). A comparison is read like ``judge_prob``: P(first better)
+    = P(yes) / (P(yes) + P(no)) at the first answer token, ``yes`` meaning response A (the
+    first shown) is better. An item's reward: the mean of its preference over the others it
+    met (``prob``: P(it first) and 1 - P(it second), averaged), or the share of comparisons
+    it won (``wins``: a probability above 0.5 on its side; exactly 0.5 counts half)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["pairwise"] = Field(default="pairwise", description="The scorer.")  # type: ignore[assignment]
+    template: str = Field(
+        default=(
+            "Question: {prompt}\n\nResponse A: {response_a}\n\nResponse B: {response_b}"
+            "\n\nWhich response answers the question better? Answer A or B."
+        ),
+        description="The judge's user message; fields `{prompt}`, `{response_a}`, "
+        "`{response_b}`, `{label}`.",
+    )
+    answer_prefix: str | None = Field(
+        default="Better: ", description="As `judge_prob`'s: the label is read after it."
+    )
+    yes: list[str] = Field(
+        default_factory=lambda: ["A"], min_length=1, description="Labels meaning A is better."
+    )
+    no: list[str] = Field(
+        default_factory=lambda: ["B"], min_length=1, description="Labels meaning B is better."
+    )
+    pairs: Literal["all_pairs", "circular"] = Field(
+        default="all_pairs",
+        description="Which pairs: `all_pairs` (n(n-1)/2 pairs, n(n-1) judge calls) or "
+        "`circular` (each response with the next in the group's canonical order: n pairs, "
+        "2n calls).",
+    )
+    reward: Literal["prob", "wins"] = Field(
+        default="prob", description="`prob`: mean preference probability; `wins`: share won."
+    )
+
+    def _check_templates(self) -> None:
+        _check_fields(self.template, PAIRWISE_FIELDS, "pairwise template")
+
+
+class ListwiseSpec(ExpectedRatingSpec):
+    """The judge sees the whole group (in its canonical order, numbered) and rates each
+    response in turn: one call per response, the same listwise prompt continued with that
+    response's ``answer_prefix`` (``Response 3 rating: ``), read like ``expected_rating``
+    (the rating tokens' probabilities, exactly). The calls share the prompt: an engine
+    with a proven prefix cache computes it once per group."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["listwise"] = Field(default="listwise", description="The scorer.")  # type: ignore[assignment]
+    template: str = Field(
+        default="Question: {prompt}\n\n{responses}\n\nRate each response from 0 to 9.",
+        description="The judge's user message; fields `{prompt}`, `{responses}` (the "
+        "group, each as `item_template`, one per line), `{label}`.",
+    )
+    item_template: str = Field(
+        default="Response {number}: {response}",
+        description="One response in the list; fields `{number}` (1-based), `{response}`.",
+    )
+    answer_prefix: str | None = Field(
+        default="Response {number} rating: ",
+        description="The answer each response's rating is read after; field `{number}`.",
+    )
+
+    def _check_templates(self) -> None:
+        _check_fields(self.template, LISTWISE_FIELDS, "listwise template")
+        _check_fields(self.item_template, ("number", "response"), "item_template")
+        _check_fields(self.answer_prefix or "", ("number",), "answer_prefix")
+
+
+GroupScorerSpec = Annotated[PairwiseSpec | ListwiseSpec, Field(discriminator="type")]
+#: Scorers that read a group at once (program components only).
+GROUP_SCORER_TYPES = frozenset({"pairwise", "listwise"})
+
+
+class JudgesSpec(BaseModel):
+    """K seeded samples of a judge per item, aggregated: each sample is its own engine
+    request (its own seed, ledger row and receipt)."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=2, le=64, description="K: samples per item.")
+    aggregate: Literal["majority", "mean"] = Field(
+        default="majority",
+        description="`majority`: the most frequent score (a tie: the smallest of the tied "
+        "scores); `mean`: their mean.",
+    )
+
+
 #: Which scorer types read which model kind's answers.
 SCORER_KINDS = {
     "logit": "discriminative",
     "judge_text": "generative",
     "judge_prob": "generative",
     "expected_rating": "generative",
+    "pairwise": "generative",
+    "listwise": "generative",
 }
 
 
@@ -340,9 +448,15 @@ class ComponentSpec(BaseModel):
         description="The component's name in details, metrics and `extra_logs`.",
     )
     model: str | None = Field(default=None, description="A served model's name.")
-    scorer: ModelScorerSpec | None = Field(
+    scorer: ModelScorerSpec | GroupScorerSpec | None = Field(
         default=None,
-        description="How this component reads the model; default: the model's own `scorer`.",
+        description="How this component reads the model; default: the model's own `scorer`. "
+        "`pairwise` and `listwise` score an item's whole group (items need a `group`).",
+    )
+    judges: JudgesSpec | None = Field(
+        default=None,
+        description="`{count: K, aggregate: majority|mean}`: K seeded samples of a judge "
+        "per item, aggregated (a generative model's item scorer).",
     )
     rule: RuleSpec | None = Field(default=None, description="A rule check, by `type`.")
     weight: float = Field(default=1.0, description="The transformed score's weight.")
@@ -357,7 +471,20 @@ class ComponentSpec(BaseModel):
             raise ValueError(f"component {self.name!r}: give exactly one of `model` or `rule`")
         if self.rule is not None and self.scorer is not None:
             raise ValueError(f"component {self.name!r}: `scorer` goes with `model`, not `rule`")
+        if self.judges is not None and self.rule is not None:
+            raise ValueError(f"component {self.name!r}: `judges` samples a model, not a rule")
+        if self.judges is not None and self.is_group:
+            raise ValueError(
+                f"component {self.name!r}: `judges` samples an item scorer; a "
+                f"`{self.scorer.type if self.scorer else ''}` comparison is read from label "
+                f"probabilities, exactly, so K samples would be K copies"
+            )
         return self
+
+    @property
+    def is_group(self) -> bool:
+        """Whether this component scores an item's whole group."""
+        return self.scorer is not None and self.scorer.type in GROUP_SCORER_TYPES
 
 
 class ProgramSpec(BaseModel):

@@ -253,6 +253,17 @@ class ModelSpec(BaseModel):
             "`serialize` and says why in /v1/models."
         ),
     )
+    prefix_cache: Literal["off", "auto"] = Field(
+        default="off",
+        description=(
+            "The engine's prefix cache under `serialize` and `batch_invariant` (under `off` "
+            "engine_args decide): `auto` starts the engine with it and keeps it only when the "
+            "start-up cold-vs-warm check (deployments/engine/prefix_check.py) proves its "
+            "answers bit-identical with and without their prefix cached; else the engine "
+            "restarts without it and /v1/models says why. It is what lets a group's shared "
+            "prompt be computed once (a group's items go to one slot). `off` never caches."
+        ),
+    )
     cpu_cores_per_slot: int | None = Field(
         description=(
             "CPU engines only: bind slot `s`'s engine to `k` cores of its own (cores `s*k .. "
@@ -268,8 +279,8 @@ class ModelSpec(BaseModel):
     serialize_inflight: int = Field(
         description=(
             "`serialize` only: requests the ingress lets into a slot's engine at once. The engine"
-            " itself computes one sequence at a time (`max_num_seqs=1`, no prefix cache, no "
-            "chunked prefill) in arrival order, so more than one only queues inside the engine: "
+            " itself computes one sequence at a time (`max_num_seqs=1`, no chunked "
+            "prefill) in arrival order, so more than one only queues inside the engine: "
             "it hides the ingress <-> engine round trip without changing a bit "
             "(tests/integration/test_negative_control.py). 1 serializes at the ingress as well, "
             "which can be faster where the engine's own queue costs more than the round trip "
@@ -737,6 +748,11 @@ class AppConfig(BaseModel):
                         f"program {program.name!r}, component {comp.name!r}: "
                         f"scorer `{scorer.type}` does not read {spec.kind} "
                         f"model {spec.name!r}"
+                    )
+                if comp.judges is not None and spec.kind != "generative":
+                    raise ValueError(
+                        f"program {program.name!r}, component {comp.name!r}: `judges` "
+                        f"samples a generative judge; {spec.name!r} is {spec.kind}"
                     )
         default = self.gateway.default_reward_model
         programs = [p.name for p in self.programs]

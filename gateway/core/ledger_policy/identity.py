@@ -22,3 +22,12 @@ def reward_identity(model: str, numerics_class: str, path: str, body: bytes) -> 
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()
+
+
+def group_row_identity(program: str, component: str, group_identity: str) -> str:
+    """The identity of a group scorer's row: one per (program, component, group)."""
+    digest = hashlib.sha256()
+    for part in (b"group", program.encode(), component.encode(), group_identity.encode()):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()

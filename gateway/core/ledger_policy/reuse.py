@@ -19,7 +19,7 @@ from typing import Protocol
 
 from gateway.core.api.results import EngineReply, Route
 from gateway.core.ledger_policy.identity import reward_identity
-from gateway.core.ledger_policy.row import LedgerRow
+from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 from gateway.core.ledger_policy.single_flight import SingleFlight
 
 Answered = tuple[Route, EngineReply]
@@ -39,6 +39,9 @@ class RewardLedger(Protocol):
         must return that row's bytes)."""
 
     def counted(self, model: str, numerics_class: str | None, outcome: str) -> None: ...
+
+    def record_group(self, row: GroupRow) -> None:
+        """Keep a group scorer's row (its members' receipts)."""
 
 
 @dataclasses.dataclass(frozen=True)

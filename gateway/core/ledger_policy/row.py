@@ -63,6 +63,44 @@ class LedgerRow:
         return out
 
 
+@dataclass(frozen=True)
+class GroupRow:
+    """One group scorer's run over one group, as recorded: which members it scored, with
+    what, and the receipts of the engine answers each member's score was read from (each
+    a ``LedgerRow``), so the group's rewards can be audited and replayed."""
+
+    #: sha256 over (program, component, group identity): ``group_row_identity``.
+    identity: str
+    #: sha256 over the canonical group (``gateway.core.scoring.groups``).
+    group_identity: str
+    program: str
+    component: str
+    #: The scorer's type (``pairwise``, ``listwise``).
+    scorer: str
+    #: JSON: ``[{"item": <item identity>, "score": <float or null>, "receipts": [...]}]``,
+    #: in the group's canonical order.
+    members: str
+    recorded_at: float
+
+    def receipts(self) -> list[str]:
+        """Every member's receipts, each once, in canonical order."""
+        seen: dict[str, None] = {}
+        for member in json.loads(self.members):
+            seen.update(dict.fromkeys(member.get("receipts") or []))
+        return list(seen)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "group_receipt": self.identity,
+            "group_identity": self.group_identity,
+            "program": self.program,
+            "component": self.component,
+            "scorer": self.scorer,
+            "members": json.loads(self.members),
+            "recorded_at": self.recorded_at,
+        }
+
+
 def readable_values(endpoint: str, answer: bytes) -> tuple[float | None, str | None]:
     """What a consumer reads from an engine answer: a classifier's score (the last probs
     value of the last item, as ``/v1/rewards`` reads it) or a generation's text."""

@@ -175,25 +175,27 @@ class _LabelScorer:
         self.read_mode = spec.read
         self.labels = spec.label_strings
 
-    def _body(self, item: RewardInput, answer: str | None) -> dict[str, Any]:
+    def _body(self, content: str, answer: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": 1,
             "temperature": 0,
-            "messages": judge_messages(self.template, item),
+            "messages": [{"role": "user", "content": content}],
         }
         if answer:
             body["messages"].append({"role": "assistant", "content": answer})
             body.update(continue_final_message=True, add_generation_prompt=False)
         return body
 
-    def calls(self, item: RewardInput) -> list[Call]:
+    def label_calls(self, content: str, answer_prefix: str) -> list[EngineCall]:
+        """The calls that read the labels after ``answer_prefix``, the judge asked
+        ``content`` (what the group scorers ask per comparison or per listed response)."""
         if self.read_mode == "prompt_logprobs":
             # one request per label, the label appended: its log-probability is the last
             # prompt position's (always returned for the prompt's own token)
             return [
                 EngineCall(
-                    CHAT, {**self._body(item, self.answer_prefix + label), "prompt_logprobs": 0}
+                    CHAT, {**self._body(content, answer_prefix + label), "prompt_logprobs": 0}
                 )
                 for label in self.labels
             ]
@@ -201,13 +203,18 @@ class _LabelScorer:
             EngineCall(
                 CHAT,
                 {
-                    **self._body(item, self.answer_prefix),
+                    **self._body(content, answer_prefix),
                     "logprobs": True,
                     "logprob_token_ids": self.token_ids,
                     "return_tokens_as_token_ids": True,
                 },
             )
         ]
+
+    def calls(self, item: RewardInput) -> list[Call]:
+        return list(
+            self.label_calls(judge_messages(self.template, item)[0]["content"], self.answer_prefix)
+        )
 
     def _found(self, answers: list[Any]) -> dict[int, float]:
         if self.read_mode == "prompt_logprobs":

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.core.config.settings import AppConfig
 from gateway.core.scoring.base import Scorer
+from gateway.core.scoring.group_scorers import GroupScorer, ListwiseScorer, PairwiseScorer
 from gateway.core.scoring.model_scorers import (
     ExpectedRatingScorer,
     JudgeProbScorer,
@@ -18,6 +19,7 @@ from gateway.core.scoring.model_scorers import (
     LogitScorer,
 )
 from gateway.core.scoring.rule_scorers import RuleScorer
+from gateway.core.scoring.voting import VotingScorer
 
 #: type -> factory(spec, model name, truncation side)
 MODEL_SCORERS: dict[str, Callable[..., Scorer]] = {
@@ -25,6 +27,13 @@ MODEL_SCORERS: dict[str, Callable[..., Scorer]] = {
     "judge_text": JudgeTextScorer,
     "judge_prob": JudgeProbScorer,
     "expected_rating": ExpectedRatingScorer,
+}
+
+
+#: type -> factory(spec, model name, truncation side): scorers of a whole group
+GROUP_SCORERS: dict[str, Callable[..., GroupScorer]] = {
+    "pairwise": PairwiseScorer,
+    "listwise": ListwiseScorer,
 }
 
 
@@ -45,17 +54,22 @@ class Scorers:
         self.models: dict[str, Scorer] = {
             m.name: model_scorer(m.scorer, m.name, side) for m in config.models
         }
-        self.components: dict[tuple[str, str], Scorer] = {}
+        self.components: dict[tuple[str, str], Scorer | GroupScorer] = {}
         for program in config.programs:
             for comp in program.components:
+                scorer: Scorer | GroupScorer
                 if comp.rule is not None:
                     scorer = rule_scorer(comp.rule)
                 else:
                     spec = config.model(comp.model or "")
                     assert spec is not None  # AppConfig checked it
-                    scorer = (
-                        model_scorer(comp.scorer, spec.name, side)
-                        if comp.scorer is not None
-                        else self.models[spec.name]
-                    )
+                    if comp.scorer is not None and comp.scorer.type in GROUP_SCORERS:
+                        scorer = GROUP_SCORERS[comp.scorer.type](comp.scorer, spec.name, side)
+                    else:
+                        item = (
+                            model_scorer(comp.scorer, spec.name, side)
+                            if comp.scorer is not None
+                            else self.models[spec.name]
+                        )
+                        scorer = VotingScorer(item, comp.judges) if comp.judges else item
                 self.components[(program.name, comp.name)] = scorer

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
@@ -28,6 +29,8 @@ from gateway.core.api.results import ComponentFailure, GatewayResult, Route, key
 from gateway.core.api.schemas import GetRewardRequest, Label, RewardItem, RewardsRequest
 from gateway.core.config.scoring import ComponentSpec, ProgramSpec
 from gateway.core.config.settings import ModelSpec
+from gateway.core.ledger_policy.identity import group_row_identity
+from gateway.core.ledger_policy.row import GroupRow
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.keys import group_key
@@ -35,6 +38,8 @@ from gateway.core.routing.placement import Placement
 from gateway.core.routing.router import EngineRequest, Router
 from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
 from gateway.core.scoring.chat_text import prompt_text, response_text
+from gateway.core.scoring.group_scorers import GroupScorer, MemberScore, is_group_scorer
+from gateway.core.scoring.groups import CanonicalGroup, canonical_group, item_identity
 from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
 from gateway.core.scoring.registry import Scorers
 from gateway.core.vllm_api.endpoints import answer_pooled, generative_result
@@ -62,6 +67,15 @@ def _route_detail(request: EngineRequest, route: Route) -> dict[str, Any]:
     if route.cache:
         detail["cache"] = route.cache
     return detail
+
+
+class GroupRun(NamedTuple):
+    """A group scorer's run over one group: the canonical group, each member's score, and
+    the routes of its calls (in call order)."""
+
+    group: CanonicalGroup
+    scores: list[MemberScore]
+    routes: list[Route]
 
 
 class Scored(NamedTuple):
@@ -133,6 +147,10 @@ class RewardScorer:
         #: every item of a group goes where its first went (the group spreads load, not
         #: its items), whatever the load did since.
         self.group_placements: dict[tuple[str, str], Placement] = {}
+        #: group name -> the request's items that carry it (``rewards``).
+        self.groups: dict[str, list[RewardInput]] = {}
+        #: (program, component, group) -> the group scorer's run, shared by its items.
+        self.group_runs: dict[tuple[str, str, str], asyncio.Task[GroupRun]] = {}
 
     def reward_model(self, name: str | None) -> ModelSpec:
         """The model a rewards request names, else ``default_reward_model``, else the only
@@ -240,12 +258,101 @@ class RewardScorer:
             raise ScoreUnreadable(f"item {item.index}: {score.message}")
         return Scored(score.value, detail, routes)
 
+    def _check_group(self, program: ProgramSpec, comp: ComponentSpec, item: RewardInput) -> str:
+        """The item's group, which a group scorer needs (422 without one, or when the
+        group's items ask different questions: a comparison needs one)."""
+        kind = comp.scorer.type if comp.scorer else ""
+        what = f"program {program.name!r}, component {comp.name!r} ({kind})"
+        if item.group is None:
+            raise InvalidSchema(
+                f"items[{item.index}]: {what} compares the items of a group: give each item "
+                f"a `group`",
+                param=f"items[{item.index}].group",
+            )
+        prompts = {m.prompt for m in self.groups[item.group]}
+        if len(prompts) > 1:
+            raise InvalidSchema(
+                f"group {item.group!r}: its items ask {len(prompts)} different prompts; "
+                f"{what} compares answers to one question",
+                param=f"items[{item.index}].group",
+            )
+        return item.group
+
+    async def _run_group(
+        self, program: ProgramSpec, comp: ComponentSpec, scorer: GroupScorer, name: str
+    ) -> GroupRun:
+        """A group scorer's calls, all on the group's slot, and its members' scores."""
+        group = canonical_group(name, self.groups[name])
+        head = group.members[0]
+        answered = await all_or_cancel(
+            self._engine(call, head) for call in scorer.group_calls(group)
+        )
+        routes = [route for _, route, _ in answered]
+        scores = scorer.read_group(
+            group, [answer for answer, _, _ in answered], [r.receipt for r in routes]
+        )
+        self._record_group(program, comp, scorer, group, scores, routes)
+        return GroupRun(group, scores, routes)
+
+    def _record_group(
+        self,
+        program: ProgramSpec,
+        comp: ComponentSpec,
+        scorer: GroupScorer,
+        group: CanonicalGroup,
+        scores: list[MemberScore],
+        routes: list[Route],
+    ) -> None:
+        """The group's row in the ledger (where one records): each member's score and the
+        receipts of the answers it was read from."""
+        reuse = self.router.reuse
+        if reuse is None:
+            return
+        members = [
+            {
+                "item": item_identity(member),
+                "score": s.score.value,
+                "receipts": [routes[c].receipt for c in s.calls if routes[c].receipt],
+            }
+            for member, s in zip(group.members, scores, strict=True)
+        ]
+        reuse.ledger.record_group(
+            GroupRow(
+                group_row_identity(program.name, comp.name, group.identity),
+                group.identity,
+                program.name,
+                comp.name,
+                scorer.type,
+                json.dumps(members, sort_keys=True),
+                time.time(),
+            )
+        )
+
+    async def _group_member(
+        self, program: ProgramSpec, comp: ComponentSpec, scorer: GroupScorer, item: RewardInput
+    ) -> tuple[Score, tuple[Route, ...], dict[str, Any]]:
+        """The item's share of its group's run (started by the group's first item)."""
+        assert item.group is not None
+        run_key = (program.name, comp.name, item.group)
+        task = self.group_runs.get(run_key)
+        if task is None:
+            task = asyncio.ensure_future(self._run_group(program, comp, scorer, item.group))
+            self.group_runs[run_key] = task
+        run = await asyncio.shield(task)  # one item cancelled must not cancel its group's run
+        member = run.scores[run.group.position(item)]
+        return member.score, tuple(run.routes[c] for c in member.calls), {}
+
     async def _component(
         self, program: ProgramSpec, comp: ComponentSpec, item: RewardInput
     ) -> ComponentScore:
         scorer = self.scoring.scorers.components[(program.name, comp.name)]
+        if is_group_scorer(scorer):
+            self._check_group(program, comp, item)
         try:
-            score, routes, route_detail = await self._run(scorer, item)
+            if is_group_scorer(scorer):
+                score, routes, route_detail = await self._group_member(program, comp, scorer, item)
+            else:
+                score, routes, route_detail = await self._run(scorer, item)
         except RuleCheckFailed as err:
             return ComponentScore(comp.name, comp.weight, None, None, err.reason, err.message)
         except DeadlineExceeded:
@@ -343,8 +450,15 @@ class RewardScorer:
         req = validate(RewardsRequest, parse_json_object(raw))
         target = self.target(req.model)
         inputs = [_item_input(i, it) for i, it in enumerate(req.items)]
+        for x in inputs:
+            if x.group is not None:
+                self.groups.setdefault(x.group, []).append(x)
         # one failed item fails the request: the others are cancelled (engines abort them)
-        scored = await all_or_cancel(self._score(target, x) for x in inputs)
+        try:
+            scored = await all_or_cancel(self._score(target, x) for x in inputs)
+        finally:
+            for task in self.group_runs.values():
+                task.cancel()  # a no-op on a finished run
         body = {
             "model": target.name,
             "rewards": [s.reward for s in scored],

@@ -226,6 +226,7 @@ class VllmEndpoints:
                     fingerprints=[i.fingerprint if i else None for i in infos],
                     health=list(health),
                     selftest=[i.raw.get("selftest") if i else None for i in infos],
+                    prefix_cache=[i.raw.get("prefix_cache") if i else None for i in infos],
                     placement=config.gateway.placement,
                     numerics_classes=list(view.classes.classes),
                     classes=view.classes.groups,

@@ -1,0 +1,76 @@
+"""The prefix cache on real engines (``prefix_cache: auto`` in configs/test-cpu.yaml).
+
+* The session gateway's demo judge and classifier proved their cache at start-up (every
+  warm answer equal to its cold one, cached tokens counted) and serve with it; the wide
+  classifier asked for it, failed the check, and serves without it: ``/v1/models`` says so.
+* Negative control: the same check run against the plain wide classifier's engine (vLLM's
+  defaults, its prefix cache on) fails, warm alone: the check can tell.
+* GRPO-shaped groups (a long shared prompt, short responses) give the same rewards sent as
+  groups at concurrency 1 and 32, shuffled, and as items; the rewards are stashed for the
+  cacheless gateway's comparison (``prefix_groups``).
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from deployments.engine.prefix_check import run_prefix_check
+from tests.integration.prefix_groups import GROUP_REWARDS, MODELS, grpo_items, post_rewards
+
+pytestmark = pytest.mark.integration
+
+
+def test_models_report_their_proven_cache_and_the_failed_one_runs_without(gateway):
+    url, _ = gateway
+    cards = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=60).json()["data"]}
+    for name in ("rm", "judge"):
+        card = cards[name]
+        for report, fingerprint in zip(card["prefix_cache"], card["fingerprints"], strict=True):
+            assert report["enabled"], (name, report)
+            check = report["check"]
+            assert check["passed"] and check["single"] == check["batched"] == check["total"]
+            assert check["hit_tokens"] > 0
+            assert "prefix_cache=on" in fingerprint
+    (large,) = cards["rm-large"]["prefix_cache"]
+    assert large["enabled"] is False and not large["check"]["passed"], large
+    assert "differ warm alone" in large["check"]["reason"]
+    assert "prefix_cache=on" not in cards["rm-large"]["fingerprints"][0]
+
+
+def test_the_check_fails_on_an_engine_whose_cache_changes_bits(plain_engine):
+    """The negative control: vLLM's defaults (prefix cache on) on the wide classifier."""
+    engine, _ = plain_engine
+    engine.wait_ready(600)
+    result = run_prefix_check(engine.url, "discriminative", "rm-large", max_model_len=512)
+    assert not result.passed and result.single < result.total, result.summary()
+    assert result.hit_tokens and result.hit_tokens > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_groups_answer_alike_at_any_concurrency_and_order(gateway, request, model):
+    url, _ = gateway
+    items = grpo_items()
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item["prompt"], []).append(i)
+    bodies = [
+        [{**items[i], "group": f"{model}-grpo-{g}"} for i in members]
+        for g, members in enumerate(groups.values())
+    ]
+    runs = []
+    for concurrency, seed in ((1, 1), (32, 2)):
+        answers = await post_rewards(url, model, bodies, concurrency, seed)
+        rewards = [0.0] * len(items)
+        for members, answer in zip(groups.values(), answers, strict=True):
+            slots = {
+                d["slot"] if "slot" in d else d["components"][0]["slot"] for d in answer["details"]
+            }
+            assert len(slots) == 1, "a group on one slot"
+            for i, reward in zip(members, answer["rewards"], strict=True):
+                rewards[i] = reward
+        runs.append(rewards)
+    alone = await post_rewards(url, model, [[item] for item in items], 32, 3)
+    runs.append([a["rewards"][0] for a in alone])
+    assert runs[0] == runs[1] == runs[2]
+    request.config.stash.setdefault(GROUP_REWARDS, {})[model] = runs[0]
