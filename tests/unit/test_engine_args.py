@@ -357,14 +357,16 @@ def test_cpu_engines_bound_the_busy_wait_and_gpu_engines_keep_vllms():
 
 
 def test_the_server_module_bounds_the_spin_in_the_engine_processes():
-    """``bound_busy_wait`` changes the default of vLLM's SpinCondition (the readers' spin),
-    in a fresh interpreter as the engine starts it; unset, vLLM's 1 s stays."""
+    """``bound_busy_wait`` changes the default of vLLM's SpinCondition (the readers' spin)
+    and shortens a sleeping reader's re-read of the queue (the recovery from a lost
+    wake-up), in a fresh interpreter as the engine starts it; unset, vLLM's 1 s and 5 s
+    stay."""
     import subprocess
 
     code = (
         "from deployments.engine import vllm_server as v;"
-        "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition as S;"
-        "print(S.__init__.__defaults__)"
+        "from vllm.distributed.device_communicators import shm_broadcast as b;"
+        "print(b.SpinCondition.__init__.__defaults__, b.SHM_READER_RECHECK_INTERVAL_MS)"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "RMGATE_ENGINE_SPIN_S"}
     unset = subprocess.run(
@@ -377,5 +379,5 @@ def test_the_server_module_bounds_the_spin_in_the_engine_processes():
         capture_output=True,
         text=True,
     )
-    assert unset.stdout.strip() == "(1,)", unset.stderr[-2000:]
-    assert bounded.stdout.strip() == "(0.002,)", bounded.stderr[-2000:]
+    assert unset.stdout.strip() == "(1,) 5000", unset.stderr[-2000:]
+    assert bounded.stdout.strip() == "(0.002,) 20", bounded.stderr[-2000:]
