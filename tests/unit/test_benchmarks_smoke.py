@@ -59,3 +59,17 @@ def test_disconnects_summary_counts_each_hop_over_the_attempts_that_measured_it(
         "deadline_ended": "1/2",
         "through_rmgate_stopped_early": "1/2",
     }
+
+
+def test_grpo_groups_share_a_prompt_within_a_group_and_nothing_across():
+    from benchmarks.groups import grpo_groups
+
+    groups = grpo_groups(1, 3, 16, 800, 60)
+    again = grpo_groups(2, 3, 16, 800, 60)
+    for g in groups:
+        assert len({it["prompt"] for it in g}) == 1 and len({it["group"] for it in g}) == 1
+        assert len(g[0]["prompt"]) == 800 and all(len(it["response"]) == 60 for it in g)
+        assert len({it["response"] for it in g}) == 16
+    prompts = [g[0]["prompt"] for g in groups + again]
+    # no two groups (nor two rounds) share even the first cache block of a prompt
+    assert len({p[:128] for p in prompts}) == len(prompts)
