@@ -49,7 +49,14 @@ def bound_busy_wait() -> float | None:
 
 bound_busy_wait()  # at import: spawned engine processes import this module as their main
 
-if __name__ == "__main__":
-    from vllm.entrypoints.launchers.api_server.entry import main
 
-    main()
+def run_server() -> None:
+    """vLLM's OpenAI server, as ``python -m vllm.entrypoints.openai.api_server`` runs it
+    (vLLM 0.24's own main; later versions forward it to their launcher)."""
+    import runpy
+
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    run_server()

@@ -381,3 +381,19 @@ def test_the_server_module_bounds_the_spin_in_the_engine_processes():
     )
     assert unset.stdout.strip() == "(1,) 5000", unset.stderr[-2000:]
     assert bounded.stdout.strip() == "(0.002,) 20", bounded.stderr[-2000:]
+
+
+def test_the_server_module_runs_vllms_openai_server_as_its_main(monkeypatch):
+    """``python -m vllm.entrypoints.openai.api_server``, the module every vLLM has (0.24 on
+    GPUs runs its own main there; 0.32 forwards it to its launcher): not a launcher path
+    that only newer versions have (the GPU engines did not start on 0.24 with one)."""
+    import runpy
+
+    from deployments.engine import vllm_server
+
+    ran: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        runpy, "run_module", lambda name, run_name, alter_sys: ran.append((name, run_name))
+    )
+    vllm_server.run_server()
+    assert ran == [("vllm.entrypoints.openai.api_server", "__main__")]
