@@ -51,11 +51,18 @@ bound_busy_wait()  # at import: spawned engine processes import this module as t
 
 
 def run_server() -> None:
-    """vLLM's OpenAI server, as ``python -m vllm.entrypoints.openai.api_server`` runs it
-    (vLLM 0.24's own main; later versions forward it to their launcher)."""
-    import runpy
+    """vLLM's OpenAI server: its launcher where vLLM has one (0.32), else the OpenAI server
+    module's own main (0.24, the GPU image), run as ``python -m`` would, with this module
+    kept as ``__main__``: engine processes vLLM spawns import ``__main__`` again, and this
+    one bounds their spin."""
+    try:
+        from vllm.entrypoints.launchers.api_server.entry import main
+    except ImportError:
+        import runpy
 
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+        runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__")
+        return
+    main()
 
 
 if __name__ == "__main__":

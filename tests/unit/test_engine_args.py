@@ -383,17 +383,21 @@ def test_the_server_module_bounds_the_spin_in_the_engine_processes():
     assert bounded.stdout.strip() == "(0.002,) 20", bounded.stderr[-2000:]
 
 
-def test_the_server_module_runs_vllms_openai_server_as_its_main(monkeypatch):
-    """``python -m vllm.entrypoints.openai.api_server``, the module every vLLM has (0.24 on
-    GPUs runs its own main there; 0.32 forwards it to its launcher): not a launcher path
-    that only newer versions have (the GPU engines did not start on 0.24 with one)."""
+def test_the_server_module_runs_vllms_server_on_old_and_new_vllm(monkeypatch):
+    """vLLM 0.32's launcher where it exists; else (vLLM 0.24, the GPU image, which has no
+    launcher package: its engines did not start with one) the OpenAI server module run as
+    ``python -m`` would, without replacing ``__main__`` (spawned engine processes import
+    this module again, and it bounds their spin)."""
     import runpy
+
+    from vllm.entrypoints.launchers.api_server import entry
 
     from deployments.engine import vllm_server
 
-    ran: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        runpy, "run_module", lambda name, run_name, alter_sys: ran.append((name, run_name))
-    )
+    ran: list[object] = []
+    monkeypatch.setattr(entry, "main", lambda: ran.append("launcher"))
+    monkeypatch.setattr(runpy, "run_module", lambda name, **kw: ran.append((name, kw)))
     vllm_server.run_server()
-    assert ran == [("vllm.entrypoints.openai.api_server", "__main__")]
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.api_server.entry", None)
+    vllm_server.run_server()
+    assert ran == ["launcher", ("vllm.entrypoints.openai.api_server", {"run_name": "__main__"})]
