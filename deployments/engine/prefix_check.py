@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from deployments.engine.selftest import PROBE_MARGIN_TOKENS, split_classify
+from deployments.engine.selftest import PROBE_MARGIN_TOKENS, send_probe, split_classify
 from gateway.core.api.answers import Answer, answer_of
 
 #: The probes' answers differ only after this much shared text; long enough for several
@@ -116,12 +116,6 @@ class PrefixCheckResult:
         return asdict(self)
 
 
-def _post(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    resp = client.post(url + path, json=body)
-    resp.raise_for_status()
-    return resp.json()
-
-
 def cache_hits(client: httpx.Client, url: str) -> float | None:
     """The engine's ``vllm:prefix_cache_hits_total`` (tokens), summed; None if absent."""
     resp = client.get(url + "/metrics")
@@ -150,21 +144,23 @@ def run_prefix_check(
             ThreadPoolExecutor(max_workers=total) as pool,
         ):
             cold = [
-                answer_of(path, _post(client, url, path, {**body, "cache_salt": f"c{i}-{nonce}"}))
+                answer_of(
+                    path, send_probe(client, url, path, {**body, "cache_salt": f"c{i}-{nonce}"})
+                )
                 for i, (path, body) in enumerate(probes)
             ]
             before = cache_hits(client, url)
-            _post(client, url, *primer)
-            single = [answer_of(path, _post(client, url, path, body)) for path, body in probes]
+            send_probe(client, url, *primer)
+            single = [answer_of(path, send_probe(client, url, path, body)) for path, body in probes]
             batched: list[Answer]
             if kind == "discriminative":
                 body = {**probes[0][1], "input": [b["input"] for _, b in probes]}
-                items = split_classify(_post(client, url, "/classify", body))
+                items = split_classify(send_probe(client, url, "/classify", body))
                 if len(items) != total:
                     raise ValueError(f"{len(items)} answers to {total} inputs")
                 batched = [answer_of("/classify", item) for item in items]
             else:
-                futures = [pool.submit(_post, client, url, *p) for p in probes]
+                futures = [pool.submit(send_probe, client, url, *p) for p in probes]
                 batched = [answer_of(probes[0][0], f.result()) for f in futures]
             after = cache_hits(client, url)
     except (httpx.HTTPError, KeyError, ValueError, IndexError) as exc:

@@ -102,7 +102,8 @@ def probe_requests(
     ]
 
 
-def _send(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def send_probe(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One probe's answer (a non-200 raises)."""
     resp = client.post(url + path, json=body)
     resp.raise_for_status()
     return resp.json()
@@ -144,15 +145,17 @@ def run_selftest(
             def batch(order: list[int]) -> dict[int, Answer]:
                 if kind == "discriminative":
                     body = {**probes[0][1], "input": [probes[i][1]["input"] for i in order]}
-                    items = split_classify(_send(client, url, "/classify", body))
+                    items = split_classify(send_probe(client, url, "/classify", body))
                     if len(items) != len(order):
                         raise ValueError(f"{len(items)} answers to {len(order)} inputs")
                     return {i: answer_of("/classify", item) for i, item in zip(order, items)}
-                futures = {i: pool.submit(_send, client, url, *probes[i]) for i in order}
+                futures = {i: pool.submit(send_probe, client, url, *probes[i]) for i in order}
                 return {i: answer_of(probes[i][0], f.result()) for i, f in futures.items()}
 
             batch(order_a)  # warm-up: compiles kernels, fills caches
-            alone = {i: answer_of(probes[i][0], _send(client, url, *probes[i])) for i in order_a}
+            alone = {
+                i: answer_of(probes[i][0], send_probe(client, url, *probes[i])) for i in order_a
+            }
             batched = batch(order_b)
     except (httpx.HTTPError, KeyError, ValueError, IndexError) as exc:
         return SelfTestResult(False, 0, len(probes), f"probe failed: {type(exc).__name__}: {exc}")
