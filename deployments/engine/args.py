@@ -58,6 +58,9 @@ class EnginePlan:
     attention_backend: str | None = None
     #: Whether the engine caches prefixes (None under ``off``: engine_args or vLLM decide).
     prefix_cache: bool | None = None
+    #: Whether the engine runs vLLM's sleep mode (CUDA + ``sleep_mode``): sleep frees its
+    #: memory in place; else sleep stops the engine (``deployments.slot.lifecycle``).
+    sleep_mode: bool = False
 
 
 class PolicyError(ValueError):
@@ -101,6 +104,8 @@ def detect_platform() -> Platform:
 
 #: vLLM ``--middleware`` that makes an engine answer only its gateway (``secret``).
 ENGINE_GUARD = "deployments.engine.guard.EngineSecretMiddleware"
+#: vLLM ``--middleware`` that holds requests out while the slot sleeps (inside the guard).
+SLEEP_GATE = "deployments.engine.sleep_gate.SleepGate"
 
 
 def engine_headers(plan: EnginePlan) -> dict[str, str]:
@@ -150,6 +155,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+#: vLLM options given once per value (argparse ``append``), not as one list.
+APPEND_OPTIONS = frozenset({"middleware"})
+
+
 def _cli_args(options: dict[str, Any]) -> list[str]:
     """vLLM CLI form of an options dict: booleans become --x / --no-x."""
     out: list[str] = []
@@ -158,6 +167,9 @@ def _cli_args(options: dict[str, Any]) -> list[str]:
             continue
         if isinstance(v, bool):
             out.append(_flag(k) if v else "--no-" + k.replace("_", "-"))
+        elif k in APPEND_OPTIONS:
+            for item in v:
+                out += [_flag(k), str(item)]
         elif isinstance(v, (list, tuple)):
             out += [_flag(k), *map(str, v)]
         else:
@@ -277,8 +289,13 @@ def plan_engine(
     if secret is not None:
         # vLLM's --api-key leaves /classify and /pooling open; this guards every path but
         # /health. The secret travels in the environment, never on the command line.
-        options["middleware"] = ENGINE_GUARD
+        # Starlette runs the last one added outermost: the guard, then the sleep gate.
+        options["middleware"] = [SLEEP_GATE, ENGINE_GUARD]
         env[SECRET_ENV] = secret
+    sleep_mode = spec.sleep_mode and platform.device == "cuda"  # vLLM has none on CPU
+    if sleep_mode:
+        options["enable_sleep_mode"] = True
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then
     if mode == "batch_invariant":
         options["attention_backend"] = attention  # not overridable by a later engine_args key
     return EnginePlan(
@@ -288,4 +305,5 @@ def plan_engine(
         max_inflight=max_inflight,
         attention_backend=attention,
         prefix_cache=prefix_cache,
+        sleep_mode=sleep_mode,
     )

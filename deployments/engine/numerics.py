@@ -19,6 +19,7 @@ import httpx
 from deployments.engine.args import EnginePlan, Platform, engine_headers
 from deployments.engine.fingerprint import vllm_version
 from deployments.engine.selftest import probe_requests
+from deployments.engine.sleep_gate import PROBE_HEADER
 from gateway.core.api.answers import answer_of
 from gateway.core.config.settings import ModelSpec
 from gateway.core.routing.numerics import class_id, probe_digest_of
@@ -184,7 +185,8 @@ def slot_numerics(
             url,
             spec.kind,
             spec.name,
-            headers=engine_headers(plan),
+            # past the sleep gate: a slot re-proves its numerics before it resumes
+            headers={**engine_headers(plan), PROBE_HEADER: "1"},
             max_model_len=spec.max_model_len,
         )
     except (httpx.HTTPError, ValueError, KeyError) as exc:

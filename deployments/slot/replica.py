@@ -26,6 +26,8 @@ from deployments.engine.ports import PortReservation
 from deployments.engine.prefix_check import run_prefix_check
 from deployments.engine.process import EngineProcess
 from deployments.engine.selftest import run_selftest
+from deployments.engine.sleep_control import EngineControl
+from deployments.slot.lifecycle import SlotLifecycle
 from gateway.core.config.settings import ModelSpec
 
 logger = logging.getLogger("ray.serve")
@@ -68,6 +70,7 @@ class SlotReplica:
     def __init__(self, spec: dict[str, Any], slot: int) -> None:
         self.spec = ModelSpec(**spec)
         self.slot = slot
+        self.name = f"{self.spec.name}-{slot}"
         self.platform = detect_platform()
         self.selftest: dict[str, Any] | None = None
         self.prefix_cache: dict[str, Any] | None = None
@@ -88,6 +91,9 @@ class SlotReplica:
             if not check.passed:
                 running = running.model_copy(update={"prefix_cache": "off"})
                 self._restart_engine(running)
+        #: What the engine runs now (after any fallback): what a wake starts again.
+        self.running = running
+        self.lifecycle = SlotLifecycle(self)
         # The slot's numerics class: its identity and its answers to the golden probes,
         # one at a time, before it serves (gateway.core.routing.numerics).
         self.numerics = slot_numerics(
@@ -166,9 +172,59 @@ class SlotReplica:
             self.engine.start()
             self.engine.wait_ready(spec.startup_timeout_s)
 
+    # ---- sleep and wake (deployments.slot.lifecycle) ------------------------------------
+    def control(self) -> EngineControl:
+        return EngineControl(self.client, self.engine.url, engine_headers(self.plan))
+
+    def uses_sleep_mode(self) -> bool:
+        return self.plan.sleep_mode
+
+    def engine_group(self) -> int | None:
+        return self.engine.pid if self.engine.alive() else None
+
+    def stop_engine(self) -> None:
+        self.engine.stop()
+
+    def start_engine(self) -> None:
+        """A stopped (or kept-out) engine started again as it last ran: new port, new secret."""
+        self._restart_engine(self.running)
+
+    def reprobe(self) -> dict[str, Any]:
+        """The golden probes answered again; adopted only when the class is unchanged."""
+        numerics = slot_numerics(
+            self.spec, self.plan, self.platform, self.model_digest, self.engine.url
+        )
+        if numerics.get("class_id") == self.numerics.get("class_id"):
+            self.numerics = numerics
+        return numerics
+
+    def numerics_class(self) -> str | None:
+        return self.numerics.get("class_id")
+
+    async def sleep(self, level: int = 1, by: str = "user") -> dict[str, Any]:
+        """Sleep at vLLM's ``level`` (``deployments.slot.lifecycle``); ``by``: user or
+        autoscaler (decides what a request finding it asleep does)."""
+        return {"slot": self.slot, **await self.lifecycle.sleep(level, by)}  # type: ignore[arg-type]
+
+    async def wake_up(self) -> dict[str, Any]:
+        return {"slot": self.slot, **await self.lifecycle.wake_up()}
+
+    async def state(self) -> dict[str, Any]:
+        return {"slot": self.slot, **self.lifecycle.report()}
+
     async def endpoint(self) -> dict[str, Any]:
-        """Where the ingress reaches this slot's engine, and what its answers depend on."""
+        """Where the ingress reaches this slot's engine, and what its answers depend on; a
+        slot that is not awake says only its state (its engine is not to be called)."""
+        if self.lifecycle.state != "awake":
+            return {
+                "slot": self.slot,
+                "state": self.lifecycle.state,
+                "sleep": self.lifecycle.report(),
+                "numerics": self.numerics,
+                "fingerprint": self.fingerprint,
+            }
         return {
+            "state": "awake",
             "url": self.engine.url,
             "fingerprint": self.fingerprint,
             "mode": self.plan.mode,
@@ -193,7 +249,10 @@ class SlotReplica:
         return resp.status_code, resp.content
 
     async def check_health(self) -> None:
-        """Ray Serve restarts this replica (and so the engine) when this raises."""
+        """Ray Serve restarts this replica (and so the engine) when this raises; a slot that
+        sleeps (or wakes) on purpose is healthy."""
+        if self.lifecycle.state != "awake":
+            return
         if not await self.engine.healthy(self.client):
             raise RuntimeError(f"engine of slot {self.spec.name}-{self.slot} is not healthy")
 

@@ -19,6 +19,7 @@ from gateway.core.api import slime
 from gateway.core.api.results import GatewayResult
 from gateway.core.api.schemas import ModelList
 from gateway.core.config.settings import AppConfig, Kind, ModelSpec
+from gateway.core.elastic.control import ElasticControl
 from gateway.core.ledger_policy.reuse import RewardLedger
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.engine_access import Transport
@@ -48,11 +49,14 @@ class RewardService:
         self.scoring = RewardScoring(self.router, rules)
         #: The API keys requests must carry (empty: auth is off).
         self.api_keys = config.gateway.load_api_keys()
+        #: The keys that may also sleep, wake and scale (admin routes).
+        self.admin_keys = config.gateway.load_admin_api_keys()
+        self.elastic = ElasticControl(self.router)
 
     # ---- what the edge needs ----------------------------------------------------------
-    def deadline(self, timeout_s: float | None = None) -> Deadline:
+    def deadline(self, timeout_s: float | None = None, on_sleep: str | None = None) -> Deadline:
         """A request's one deadline (``Router.deadline``)."""
-        return self.router.deadline(timeout_s)
+        return self.router.deadline(timeout_s, on_sleep)
 
     def set_slot_counts(self, counts: dict[str, Any]) -> dict[str, int]:
         """A scale event: each named model's new slot count (``Router.set_slot_counts``)."""

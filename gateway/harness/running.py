@@ -63,6 +63,16 @@ def metric_total(url: str, name: str) -> float:
     )
 
 
+def slots_ready(card: dict[str, Any]) -> bool:
+    """Whether every slot of a ``/v1/models`` entry is up: its engine reports a
+    fingerprint, or it sleeps on purpose (a request wakes it)."""
+    states = card.get("slot_states") or [{}] * len(card["fingerprints"])
+    return all(
+        fp is not None or st.get("state") == "asleep"
+        for fp, st in zip(card["fingerprints"], states)
+    )
+
+
 def wait_until_serving(
     url: str,
     proc: subprocess.Popen,
@@ -70,14 +80,14 @@ def wait_until_serving(
     timeout_s: float,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """Until every slot of every model reports a fingerprint (its engine is up)."""
+    """Until every slot of every model is up (``slots_ready``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"rmgate exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
         try:
             models = httpx.get(url + "/v1/models", timeout=5, headers=headers).json()
-            if all(None not in m["fingerprints"] for m in models["data"]):
+            if all(slots_ready(m) for m in models["data"]):
                 return
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass

@@ -19,8 +19,8 @@ from gateway.core.service import RewardService
 from gateway.http.auth import KEY_PATH_PREFIX
 from gateway.http.errors import install_error_handlers
 from gateway.http.hot_path import HotPath
+from gateway.http.routers import elastic, ops
 from gateway.http.routers import ledger as ledger_routes
-from gateway.http.routers import ops
 from gateway.http.routes import scoring_router
 
 VERSION = "0.1.0"
@@ -58,7 +58,7 @@ def create_app(
     install_error_handlers(app)
     # the API-key check only where a key is configured (a gateway installed later: always)
     auth = gateway is None or bool(gateway.api_keys)
-    for make in (scoring_router, ledger_routes.router, ops.router):
+    for make in (scoring_router, ledger_routes.router, ops.router, elastic.router):
         app.include_router(make(auth))
         # the same routes under /keys/<key>/ (auth for clients that cannot send a header)
         app.include_router(make(auth), prefix=KEY_PATH_PREFIX, include_in_schema=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from gateway.core.api.errors import AuthenticationFailed, GatewayStarting
+from gateway.core.api.errors import AdminRequired, AuthenticationFailed, GatewayStarting
 from gateway.core.service import RewardService
 
 #: Route prefix that carries the key in the URL path, for trainers whose reward clients
@@ -45,6 +45,28 @@ def check_api_key(token: str | None, keys: frozenset[str]) -> None:
     """401 unless ``token`` is one of ``keys`` (when any is configured)."""
     if keys and (not token or not any(hmac.compare_digest(token, k) for k in keys)):
         raise AuthenticationFailed()
+
+
+def _is_one_of(token: str | None, keys: frozenset[str]) -> bool:
+    return bool(token) and any(hmac.compare_digest(token or "", k) for k in keys)
+
+
+async def admin_gateway(request: Request) -> RewardService:
+    """The replica's service, for a route that changes the deployment (sleep, wake): with
+    API keys configured, only an admin key (``gateway.admin_api_keys_env``) passes; a user
+    key is refused with 403, anything else with 401. Without keys, auth is off."""
+    gateway = get_gateway(request)
+    if not gateway.api_keys and not gateway.admin_keys:
+        return gateway
+    token = api_key_of(request)
+    if _is_one_of(token, gateway.admin_keys):
+        return gateway
+    if _is_one_of(token, gateway.api_keys):
+        raise AdminRequired(
+            "this route changes the deployment: it takes an admin key "
+            "(gateway.admin_api_keys_env), not an API key"
+        )
+    raise AuthenticationFailed()
 
 
 def check_request(request: Request) -> RewardService:

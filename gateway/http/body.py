@@ -1,12 +1,18 @@
 """Reading what a request carries besides its JSON: the body under a size limit, and the
-``x-rmgate-timeout`` override."""
+``x-rmgate-timeout`` and ``x-rmgate-on-sleep`` overrides."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
-from gateway.core.api.errors import BodyTooLarge, InvalidTimeout
-from gateway.http.headers import CACHE_HEADER, CACHE_OFF_VALUES, TIMEOUT_HEADER
+from gateway.core.api.errors import BodyTooLarge, InvalidRequest, InvalidTimeout
+from gateway.http.headers import (
+    CACHE_HEADER,
+    CACHE_OFF_VALUES,
+    ON_SLEEP_HEADER,
+    ON_SLEEP_VALUES,
+    TIMEOUT_HEADER,
+)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -35,6 +41,18 @@ def request_timeout(request: Request) -> float | None:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise InvalidTimeout(f"{TIMEOUT_HEADER} must be a positive number of seconds")
+    return value
+
+
+def on_sleep_asked(request: Request) -> str | None:
+    """``x-rmgate-on-sleep: wake|wait|refuse``: what this request does if its slot sleeps
+    (else its model's ``on_sleep``)."""
+    value = request.headers.get(ON_SLEEP_HEADER)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in ON_SLEEP_VALUES:
+        raise InvalidRequest(f"{ON_SLEEP_HEADER} must be one of {sorted(ON_SLEEP_VALUES)}")
     return value
 
 

@@ -21,7 +21,7 @@ from gateway.core.api.results import GatewayResult
 from gateway.core.routing.deadline import Deadline
 from gateway.core.service import RewardService
 from gateway.http.auth import get_gateway
-from gateway.http.body import cache_asked, read_body, request_timeout
+from gateway.http.body import cache_asked, on_sleep_asked, read_body, request_timeout
 from gateway.http.errors import error_response
 from gateway.http.headers import result_headers
 from gateway.observability import metrics
@@ -50,7 +50,8 @@ async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
     model = ""
     try:
         gateway = get_gateway(request)
-        deadline = gateway.deadline(request_timeout(request))  # the request's one deadline
+        # the request's one deadline, and what it does if its slot sleeps
+        deadline = gateway.deadline(request_timeout(request), on_sleep_asked(request))
         raw = await read_body(request, gateway.config.gateway.max_body_bytes)
         result = await call(gateway, raw, deadline, cache_asked(request))
         model = result.model

@@ -17,6 +17,9 @@ from __future__ import annotations
 from gateway.core.api.results import GatewayResult
 
 TIMEOUT_HEADER = "x-rmgate-timeout"
+#: Sent by a client: what the request does if its model sleeps (wake, wait, refuse).
+ON_SLEEP_HEADER = "x-rmgate-on-sleep"
+ON_SLEEP_VALUES = frozenset({"wake", "wait", "refuse"})
 #: Sent by a client: ``off`` asks for an engine's answer; answered: hit, shared or miss.
 CACHE_HEADER = "x-rmgate-cache"
 CACHE_OFF_VALUES = frozenset({"off", "no-cache", "bypass"})

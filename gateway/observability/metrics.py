@@ -215,3 +215,44 @@ def record_cache(model: str, routes: Iterable[Route]) -> None:
     for route in routes:
         if route.cache is not None:
             CACHE.labels(model, route.cache).inc()
+
+
+SLOT_TRANSITION_SECONDS = Histogram(
+    "rmgate_slot_transition_seconds",
+    "Time a slot took to sleep or wake (wake includes its numerics re-probe)",
+    ["model", "slot", "op", "how"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+SLOT_AWAKE = Gauge(
+    "rmgate_slot_awake",
+    "1 while a slot serves, 0 while it sleeps or was kept out after a wake (as last seen)",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+SLOT_KEPT_OUT = Counter(
+    "rmgate_slot_kept_out",
+    "Wakes after which a slot answered its probes in another numerics class",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+AUTOSCALE_DECISIONS = Counter(
+    "rmgate_autoscale_decisions",
+    "Slot count changes the autoscaler decided, by direction and outcome (applied, failed); "
+    "the reason of each is in the gateway's log",
+    ["model", "direction", "outcome"],
+    registry=REGISTRY,
+)
+
+
+def record_transition(model: str, slot: int, report: dict) -> None:
+    """A sleep or wake a slot reported (``deployments.slot.lifecycle``)."""
+    labels = (model, str(slot))
+    last = report.get("last") or {}
+    if report.get("changed") and "seconds" in last:
+        SLOT_TRANSITION_SECONDS.labels(*labels, last["op"], str(last.get("how"))).observe(
+            last["seconds"]
+        )
+    SLOT_AWAKE.labels(*labels).set(1 if report.get("state") == "awake" else 0)
+    if report.get("changed") and report.get("state") == "kept_out":
+        SLOT_KEPT_OUT.labels(*labels).inc()

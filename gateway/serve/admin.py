@@ -122,6 +122,9 @@ class ServeAdmin:
     def details(self) -> dict[str, Any]:
         return self.client.get_serve_details()
 
+    def _deploy(self, config: dict[str, Any]) -> None:
+        self.client.deploy_applications(config)
+
     def applications(self) -> list[dict[str, Any]]:
         """The deployed application configs (as given to ``serve deploy``)."""
         apps = []
@@ -159,14 +162,22 @@ class ServeAdmin:
         config: dict[str, Any] = {"applications": apps}
         if http:
             config["http_options"] = {k: http[k] for k in ("host", "port") if k in http}
-        self.client.deploy_applications(config)
+        self._deploy(config)
         names = {a["name"] for a in apps}
         wait_until_running(self.statuses, names - unchanged, timeout_s, gone=before - names)
 
     def scale(
-        self, model: str, n: int, timeout_s: float, log: Callable[[str], None] = print
+        self,
+        model: str,
+        n: int,
+        timeout_s: float,
+        log: Callable[[str], None] = print,
+        between: Callable[[int, int], None] | None = None,
     ) -> int:
-        """Move ``model`` to ``n`` slots in the gap-free order; returns the previous count."""
+        """Move ``model`` to ``n`` slots in the gap-free order; returns the previous count.
+        ``between(previous, n)`` runs after the first step (new slots running but not
+        routed to; removed slots no longer routed to but still running): raising there
+        rolls the scale back."""
         apps = self.applications()
         steps = topology.scale_steps(apps, model, n)  # raises for an unknown model
         previous = topology.slot_counts(apps)[model]
@@ -180,6 +191,8 @@ class ServeAdmin:
             log(f"[{i}/{len(steps)}] {model} {previous} -> {n}: {label}")
             try:
                 self.apply(step, timeout_s, current)
+                if i == 1 and between is not None:
+                    between(previous, n)
             except (RuntimeError, TimeoutError) as exc:
                 # No half-done state: put back what was deployed before this scale.
                 log(
@@ -190,3 +203,21 @@ class ServeAdmin:
                 raise RuntimeError(f"{exc}; rolled back to {previous} slots of {model}") from None
             current = step
         return previous
+
+
+class ControllerAdmin(ServeAdmin):
+    """``ServeAdmin`` from inside the cluster (the autoscaler): the Serve controller
+    itself, found by name, instead of the dashboard's REST API."""
+
+    def __init__(self) -> None:  # noqa: D107 - no dashboard client
+        from ray.serve.context import _get_global_client
+
+        self.controller = _get_global_client()
+
+    def details(self) -> dict[str, Any]:
+        return self.controller.get_serve_details()
+
+    def _deploy(self, config: dict[str, Any]) -> None:
+        from ray.serve.schema import ServeDeploySchema
+
+        self.controller.deploy_apps(ServeDeploySchema.model_validate(config))

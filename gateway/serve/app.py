@@ -26,6 +26,7 @@ from gateway.core.service import RewardService
 from gateway.http.app import ingress_app
 from gateway.http.direct_port import serve_direct_port
 from gateway.ledger.ledger import Ledger
+from gateway.serve.autoscaler import AutoscaleFeed
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
 from gateway.serve.topology import (
@@ -92,7 +93,13 @@ class IngressReplica:
         if handles is None:
             handles = SlotAppHandles([m.name for m in cfg.models], slot_app_prefix)
         self.slots = SlotTable.from_config(cfg)
-        self.transport = SlotTransport(handles, cfg.gateway, self.slots, limits)
+        self.transport = SlotTransport(
+            handles,
+            cfg.gateway,
+            self.slots,
+            limits,
+            on_sleep={m.name: m.on_sleep for m in cfg.models},
+        )
         # the ledger must open (a newer schema, an unreachable server: a clear error now);
         # later outages never fail a request (gateway.ledger.writer)
         self.ledger = (
@@ -105,6 +112,16 @@ class IngressReplica:
 
             self.rules = RulePool(cfg.gateway.rule_workers)
         self.service = RewardService(cfg, self.transport, self.slots, self.ledger, self.rules)
+        scaled = {m.name: m.autoscaling for m in cfg.models if m.autoscaling is not None}
+        self.autoscale = (
+            AutoscaleFeed(
+                slot_app_prefix or "rmgate",
+                scaled,
+                max(m.startup_timeout_s for m in cfg.models),
+            )
+            if scaled
+            else None
+        )
 
     def __serve_build_asgi_app__(self) -> Any:
         canary = Canary(
@@ -113,6 +130,11 @@ class IngressReplica:
         jobs = [canary.run, self._learn_classes, self._close_rules] + (
             [self.ledger.run] if self.ledger is not None else []
         )
+        if self.autoscale is not None:
+            feed, router = self.autoscale, self.service.router
+            jobs.append(
+                lambda: feed.run(self.transport.ongoing, self.slots.as_dict, router.autoscaling)
+            )
         settings = self.service.config.gateway
         port = settings.direct_port
         if port is not None:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.core.routing.engine_access import EngineUnreachable, SlotInfo
+from gateway.core.routing.engine_access import EngineUnreachable, SlotAsleep, SlotInfo
 from gateway.core.routing.slots import SlotTable
 
 
@@ -42,7 +42,8 @@ class SlotDirectory:
 
     async def lookup(self, model: str, slot: int, timeout_s: float) -> SlotInfo:
         """The slot's info (cached, else asked within ``timeout_s``); ``EngineUnreachable``
-        when the replica does not answer (dead, restarting, still starting)."""
+        when the replica does not answer (dead, restarting, still starting), ``SlotAsleep``
+        when it answers that it is not awake (never cached)."""
         info = self.cached(model, slot)
         if info is not None:
             return info
@@ -54,6 +55,10 @@ class SlotDirectory:
             raise EngineUnreachable(
                 f"slot {model}-{slot}: its replica did not answer ({type(exc).__name__}: {exc})"
             ) from exc
+        if raw.get("state", "awake") != "awake":
+            if raw.get("numerics"):  # its class stays known: its keys' mates are found
+                self.classes.setdefault((model, slot), (raw["numerics"] or {}).get("class_id"))
+            raise SlotAsleep(model, slot, raw.get("sleep") or {"state": raw["state"]})
         info = self._info[(model, slot)] = SlotInfo.from_endpoint(model, slot, raw)
         verdict = self._verdicts.get((model, slot))
         if verdict is not None and verdict[0] == engine_of(info):
@@ -77,7 +82,7 @@ class SlotDirectory:
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
         try:
             return await self.lookup(model, slot, timeout_s)
-        except EngineUnreachable:  # not up yet: the caller reports the slot as starting
+        except (EngineUnreachable, SlotAsleep):  # not serving now: its state says why
             return None
 
     async def health(self, model: str, slot: int, timeout_s: float) -> str:

@@ -23,9 +23,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from gateway.core.api.errors import EngineFailed, SlotClassChanged, SlotRemoved, SlotUnavailable
+from gateway.core.api.errors import (
+    EngineFailed,
+    ModelAsleep,
+    SlotClassChanged,
+    SlotRemoved,
+    SlotUnavailable,
+)
 from gateway.core.api.results import EngineReply
 from gateway.core.config.settings import GatewaySettings
+from gateway.core.elastic.sleep import action_for, engine_is_asleep
 from gateway.core.routing.class_queue import admit_in_class
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.engine_access import (
@@ -33,6 +40,7 @@ from gateway.core.routing.engine_access import (
     EngineConnectionLost,
     EngineNoAnswer,
     EngineUnreachable,
+    SlotAsleep,
     SlotInfo,
     SlotView,
 )
@@ -70,6 +78,7 @@ class SlotTransport:
         retry: RetryConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        on_sleep: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.slots = slots
@@ -84,6 +93,12 @@ class SlotTransport:
         self._answer_times: dict[tuple[str, int], AnswerTimes] = {}
         self._discovering: set[tuple[str, int]] = set()
         self._logged_classes: dict[str, dict[str, list[int]]] = {}
+        #: Each model's ``on_sleep`` (``gateway.core.elastic.sleep.action_for``).
+        self.on_sleep = dict(on_sleep or {})
+        #: One wake per slot at a time from this ingress, shared by the requests that wait.
+        self._waking: dict[tuple[str, int], asyncio.Task[dict[str, Any]]] = {}
+        #: Requests of each model in this ingress now (what the autoscaler weighs).
+        self.ongoing: dict[str, int] = {}
 
     # ---- ops ----------------------------------------------------------------------------
     async def describe(self, model: str, slot: int, timeout_s: float) -> SlotInfo | None:
@@ -94,6 +109,66 @@ class SlotTransport:
 
     async def aclose(self) -> None:
         await self.engine_client.aclose()
+
+    # ---- sleep and wake (deployments.slot.lifecycle) ------------------------------------
+    async def slot_state(self, model: str, slot: int, timeout_s: float) -> dict[str, Any]:
+        try:
+            handle = self.directory.handles[model][slot]
+            report = await asyncio.wait_for(handle.state.remote(), timeout_s)
+        except Exception:  # noqa: BLE001 - dead, restarting or starting
+            return {"slot": slot, "state": "unavailable"}
+        metrics.record_transition(model, slot, report)
+        return report
+
+    async def sleep_slot(self, model: str, slot: int, level: int, by: str) -> dict[str, Any]:
+        self.directory.forget(model, slot)
+        report = await self.directory.handles[model][slot].sleep.remote(level, by)
+        self.directory.forget(model, slot)
+        metrics.record_transition(model, slot, report)
+        return report
+
+    async def wake_slot(self, model: str, slot: int, timeout_s: float) -> dict[str, Any]:
+        key = (model, slot)
+        task = self._waking.get(key)
+        if task is None or task.done():
+            task = self._waking[key] = asyncio.get_running_loop().create_task(
+                self._wake_once(model, slot)
+            )
+        # shielded: a waiter whose deadline passes leaves; the wake goes on for the others
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+
+    async def _wake_once(self, model: str, slot: int) -> dict[str, Any]:
+        report = await self.directory.handles[model][slot].wake_up.remote()
+        self.directory.forget(model, slot)
+        metrics.record_transition(model, slot, report)
+        return report
+
+    async def _while_asleep(self, asleep: SlotAsleep, deadline: Deadline) -> None:
+        """A request's slot is not awake: wake it, wait for it, or refuse (``on_sleep``).
+        Returns when the request should look at its slot again."""
+        model, slot, report = asleep.model, asleep.slot, asleep.report
+        if asleep.state == "kept_out":
+            raise SlotUnavailable(f"slot {model}-{slot}: {report.get('kept_out')}")
+        action = action_for(
+            deadline.on_sleep or self.on_sleep.get(model, "wake"),  # type: ignore[arg-type]
+            report.get("slept_by") or "user",
+        )
+        if action == "refuse":
+            raise ModelAsleep(
+                f"model {model} is asleep (slot {slot}); POST /wake_up wakes it",
+            )
+        if action == "wait":
+            await self.sleep(min(4 * self.retry.backoff_s, deadline.remaining()))
+            return
+        left = deadline.left_or_raise(f"waiting for slot {model}-{slot} to wake")
+        try:
+            woke = await self.wake_slot(model, slot, left)
+        except TimeoutError:
+            raise deadline.exceeded(f"waiting for slot {model}-{slot} to wake") from None
+        except Exception as exc:  # noqa: BLE001 - the replica's error, reported
+            raise SlotUnavailable(f"slot {model}-{slot} did not wake: {exc}") from exc
+        if woke.get("state") == "kept_out":
+            raise SlotUnavailable(f"slot {model}-{slot}: {woke.get('kept_out')}")
 
     def slot_view(self, model: str, slots: int) -> SlotView:
         """The classes (as last reported) and load of ``model``'s slots. A slot whose class
@@ -188,6 +263,15 @@ class SlotTransport:
         budget while unreachable, then the next takes it; the last one's 503 is final.
         Every wait (gate, class queue, engine, backoff, candidate) ends at ``deadline``:
         ``DeadlineExceeded`` (504) then."""
+        self.ongoing[model] = self.ongoing.get(model, 0) + 1
+        try:
+            return await self._post(model, placement, path, body, deadline)
+        finally:
+            self.ongoing[model] -= 1
+
+    async def _post(
+        self, model: str, placement: Placement, path: str, body: bytes, deadline: Deadline
+    ) -> EngineReply:
         candidates = placement.candidates
         admitted: SlotGate | None = None
         if (
@@ -222,6 +306,7 @@ class SlotTransport:
                     deadline,
                     placement.numerics_class if placement.within_class else None,
                     admitted=first,
+                    last=n == len(candidates) - 1,
                 )
             except SlotRemoved:
                 raise
@@ -268,9 +353,12 @@ class SlotTransport:
         expected_class: str | None = None,
         *,
         admitted: SlotGate | None = None,
+        last: bool = True,
     ) -> EngineReply:
         """``admitted``: a place in this slot's gate already taken (the class queue), used
-        by the first attempt (released whatever happens); later attempts queue anew."""
+        by the first attempt (released whatever happens); later attempts queue anew. A
+        slot found asleep passes the request to the next candidate (a class mate: same
+        bits) unless it is the ``last``, which applies the model's ``on_sleep``."""
         state = RetryState(self.retry, wait_s, self.clock)
         labels = (model, str(slot))
         while True:
@@ -320,12 +408,21 @@ class SlotTransport:
                     place.release()
             except EngineNoAnswer:
                 raise deadline.exceeded(f"slot {model}-{slot}'s engine had not answered") from None
+            except SlotAsleep as asleep:
+                if not last:
+                    raise SlotUnavailable(f"slot {model}-{slot} is {asleep.state}") from None
+                await self._while_asleep(asleep, deadline)
+                continue
             except (EngineUnreachable, EngineConnectionLost) as exc:
                 logger.warning("slot %s-%d unreachable (%s); waiting for it", model, slot, exc)
                 decision = state.record_unreachable()
                 metrics.SLOT_UNAVAILABLE.labels(*labels).inc()
                 last_error = str(exc)
             else:
+                if engine_is_asleep(status, content):  # went to sleep since we looked
+                    self.directory.forget(model, slot)
+                    await self.sleep(min(self.retry.backoff_s, deadline.remaining()))
+                    continue
                 decision = state.record_reply(status)
                 if decision is Decision.RETURN:
                     return EngineReply(status, content, info.fingerprint, slot, info.numerics_class)

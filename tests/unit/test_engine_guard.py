@@ -52,13 +52,20 @@ def test_no_secret_refuses_to_start(monkeypatch):
 
 
 def test_a_node_engine_plan_carries_the_guard_and_its_secret_only_in_the_environment():
-    from deployments.engine.args import ENGINE_GUARD, Platform, engine_headers, plan_engine
+    from deployments.engine.args import (
+        ENGINE_GUARD,
+        SLEEP_GATE,
+        Platform,
+        engine_headers,
+        plan_engine,
+    )
     from gateway.core.config.settings import ModelSpec
     from gateway.core.routing.engine_access import SlotInfo
 
     spec = ModelSpec(name="rm", kind="discriminative", model_path="/m", engine_host="node")
     plan = plan_engine(spec, Platform("cpu", "cpu"), port=9, host="10.0.0.7", secret="xyz")
-    assert plan.args[plan.args.index("--middleware") + 1] == ENGINE_GUARD
+    given = [plan.args[i + 1] for i, a in enumerate(plan.args) if a == "--middleware"]
+    assert given == [SLEEP_GATE, ENGINE_GUARD]  # vLLM appends: the guard ends outermost
     assert "xyz" not in " ".join(plan.args) and plan.env["RMGATE_ENGINE_SECRET"] == "xyz"
     assert engine_headers(plan) == {"authorization": "Bearer xyz"}
     info = SlotInfo.from_endpoint(

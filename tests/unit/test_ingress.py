@@ -96,6 +96,9 @@ class FakeTransport:
     async def health(self, model: str, slot: int, timeout_s: float) -> str:
         return "healthy"
 
+    async def slot_state(self, model: str, slot: int, timeout_s: float) -> dict:
+        return {"slot": slot, "state": "awake", "is_sleeping": False}
+
     def slot_view(self, model: str, slots: int) -> SlotView:
         return SlotView(ModelClasses((None,) * slots))
 

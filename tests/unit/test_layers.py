@@ -10,8 +10,9 @@ around a longer circle). The layers, bottom to top (docs/architecture.md, "Layou
   is) < ``config`` (the config schema, the scoring specs) < ``ledger_policy`` (a reward's
   identity, the ledger row, the cache's decisions, single flight) < ``routing`` (keys,
   hashing, numerics classes, placement and the class queue, slots, retries, deadlines, the
-  router) < ``vllm_api`` (the vLLM-shaped endpoints and the engine requests they make) <
-  ``scoring`` (scorers, programs, rewards) < ``gateway.core.service`` (the front).
+  router) < ``elastic`` (sleep and wake of models, autoscaling rules) < ``vllm_api`` (the
+  vLLM-shaped endpoints and the engine requests they make) < ``scoring`` (scorers,
+  programs, rewards) < ``gateway.core.service`` (the front).
   pydantic and the stdlib only: no HTTP, Ray, vLLM or Prometheus.
 * ``gateway.observability``: Prometheus metrics.
 * ``gateway.transport``: reaching engines (slot directory, engine clients, the transport).
@@ -75,6 +76,7 @@ CORE = [
     "gateway.core.config",
     "gateway.core.ledger_policy",
     "gateway.core.routing",
+    "gateway.core.elastic",
     "gateway.core.vllm_api",
     "gateway.core.scoring",
     "gateway.core.service",

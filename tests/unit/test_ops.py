@@ -121,6 +121,9 @@ class EchoTransport:
     async def health(self, model, slot, timeout_s):
         return "unavailable"
 
+    async def slot_state(self, model, slot, timeout_s):
+        return {"slot": slot, "state": "awake"}
+
     def slot_view(self, model, slots):
         return SlotView(ModelClasses((None,) * slots))
 

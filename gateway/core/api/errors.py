@@ -114,6 +114,12 @@ class AuthenticationFailed(RmgateError):
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"}, **kw)
 
 
+class AdminRequired(RmgateError):
+    """A valid API key that is not an admin key, on a route that changes the deployment."""
+
+    status, code = 403, "admin_required"
+
+
 class ModelNotFound(RmgateError):
     status, code = 404, "model_not_found"
 
@@ -217,6 +223,13 @@ class SlotClassChanged(SlotRemoved):
     core places the request again under the slots' current classes."""
 
     code = "slot_class_changed"
+
+
+class ModelAsleep(SlotUnavailable):
+    """The model's slot sleeps and its ``on_sleep`` is ``refuse``: wake it (``POST
+    /wake_up``) or come back later."""
+
+    code, retry_after = "model_asleep", "10"
 
 
 class Rescaling(SlotUnavailable):

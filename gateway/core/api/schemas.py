@@ -146,6 +146,19 @@ class ModelCard(BaseModel):
         description="How /v1/rewards scores an item with this model: the "
         "scorer's type and options, label token ids resolved from the model's tokenizer.",
     )
+    state: str = Field(
+        default="awake",
+        description=(
+            "The model as a whole: awake, asleep, sleeping, waking, kept_out (a slot woke in "
+            "another numerics class), mixed, or scaling (the autoscaler is adding or "
+            "removing a slot)."
+        ),
+    )
+    slot_states: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Per slot: its state, sleep level, who put it to sleep, its last transition.",
+    )
+    autoscaling: dict[str, Any] | None = None
 
 
 class ModelList(BaseModel):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.core.config.elastic import AutoscalingSpec, OnSleep
 from gateway.core.config.scoring import (
     SCORER_KINDS,
     ModelScorerSpec,
@@ -305,6 +306,30 @@ class ModelSpec(BaseModel):
         default=600.0,
         gt=0,
     )
+    sleep_mode: bool = Field(
+        default=False,
+        description=(
+            "CUDA engines start with vLLM's sleep mode, so `POST /sleep` frees the engine's GPU "
+            "memory in place (level 1 keeps the weights in host memory, level 2 drops them) "
+            "and `/wake_up` brings it back. Without it, and on CPU (vLLM has no sleep mode "
+            "there), sleep stops the engine process and wake starts it again."
+        ),
+    )
+    on_sleep: OnSleep = Field(
+        default="wake",
+        description=(
+            "A request for a sleeping model: `wake` its slot and answer (the wake counts "
+            "against the request's deadline), `wait` until it is woken, or `refuse` "
+            "(503 + Retry-After). A slot the autoscaler put to sleep always wakes."
+        ),
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "Slots follow load between min_slots and max_slots (`replicas` is the count it "
+            "starts with); a new slot serves only once its numerics class matches."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -320,6 +345,19 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"model {self.name!r}: scorer `{self.scorer.type}` reads a "
                 f"{needs} model, not a {self.kind} one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling(self) -> ModelSpec:
+        scaling = self.autoscaling
+        if (
+            scaling is not None
+            and not max(1, scaling.min_slots) <= self.replicas <= scaling.max_slots
+        ):
+            raise ValueError(
+                f"model {self.name!r}: replicas ({self.replicas}) is outside autoscaling's "
+                f"[{max(1, scaling.min_slots)}, {scaling.max_slots}]"
             )
         return self
 
@@ -647,6 +685,13 @@ class GatewaySettings(BaseModel):
     api_keys_file: str | None = Field(
         default=None, description="A file of API keys, one per line (with `api_keys_env`)."
     )
+    admin_api_keys_env: str = Field(
+        default="RMGATE_ADMIN_API_KEYS",
+        description=(
+            "Keys that may also sleep, wake and scale (`/sleep`, `/wake_up`), comma-separated. "
+            "With API keys configured those routes take only these; with none, auth is off."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -670,6 +715,10 @@ class GatewaySettings(BaseModel):
         keys = [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",")]
         if self.api_keys_file:
             keys += Path(self.api_keys_file).read_text(encoding="utf-8").splitlines()
+        return frozenset(k.strip() for k in keys if k.strip())
+
+    def load_admin_api_keys(self) -> frozenset[str]:
+        keys = os.environ.get(self.admin_api_keys_env, "").split(",")
         return frozenset(k.strip() for k in keys if k.strip())
 
 

@@ -31,10 +31,18 @@ class Deadline:
     #: The whole budget, for messages ("within 2s").
     budget_s: float
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+    #: What the request does if its slot sleeps (``x-rmgate-on-sleep``: wake, wait or
+    #: refuse); None: its model's ``on_sleep``. Part of the request's waiting terms.
+    on_sleep: str | None = None
 
     @classmethod
-    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
-        return cls(clock() + seconds, seconds, clock)
+    def after(
+        cls,
+        seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_sleep: str | None = None,
+    ) -> Deadline:
+        return cls(clock() + seconds, seconds, clock, on_sleep)
 
     def remaining(self) -> float:
         """Seconds left (0.0 once passed)."""

@@ -92,6 +92,16 @@ class EngineConnectionLost(EngineCallError):
     every request is idempotent)."""
 
 
+class SlotAsleep(Exception):
+    """The slot is not awake (asleep, on its way, or kept out after a wake): its
+    ``report`` says which, who put it to sleep, and why a kept-out slot was kept out."""
+
+    def __init__(self, model: str, slot: int, report: dict[str, Any]) -> None:
+        self.model, self.slot, self.report = model, slot, report
+        self.state = str(report.get("state", "asleep"))
+        super().__init__(f"slot {model}-{slot} is {self.state}")
+
+
 class EngineClient(Protocol):
     """Posts one canonical body to a slot's engine; raises ``EngineCallError``s only."""
 
@@ -118,5 +128,15 @@ class Transport(Protocol):
         """Classes and load of ``model``'s first ``slots`` slots (never blocks)."""
 
     async def health(self, model: str, slot: int, timeout_s: float) -> str: ...
+
+    async def slot_state(self, model: str, slot: int, timeout_s: float) -> dict[str, Any]:
+        """The slot's sleep state (``deployments.slot.lifecycle``); ``unavailable`` when its
+        replica does not answer."""
+
+    async def sleep_slot(self, model: str, slot: int, level: int, by: str) -> dict[str, Any]:
+        """Put the slot to sleep at ``level``; its report with the time it took."""
+
+    async def wake_slot(self, model: str, slot: int, timeout_s: float) -> dict[str, Any]:
+        """Wake the slot (one wake per slot at a time, however many ask)."""
 
     async def aclose(self) -> None: ...

@@ -88,6 +88,9 @@ class Router:
         self.started_at = int(time.time())
         #: Current slot counts (shared with the transport; ``set_slot_counts`` changes them).
         self.slots = slots or SlotTable.from_config(config)
+        #: Per autoscaled model: what it is doing now and its last decisions
+        #: (``gateway.serve.autoscaler``).
+        self.autoscaling: dict[str, dict[str, Any]] = {}
         #: Generative models' sampling defaults, read once (``sampling_defaults_from``).
         self.sampling_defaults: dict[str, dict[str, Any]] = {
             m.name: m.effective_sampling_defaults() for m in config.models
@@ -103,13 +106,20 @@ class Router:
         it must."""
         return self.slots.update(counts)
 
-    def deadline(self, timeout_s: float | None = None) -> Deadline:
+    def deadline(self, timeout_s: float | None = None, on_sleep: str | None = None) -> Deadline:
         """A request's one deadline, set at its arrival: ``timeout_s`` (the client's
-        ``x-rmgate-timeout``) capped at ``gateway.request_timeout_s``, or that setting."""
+        ``x-rmgate-timeout``) capped at ``gateway.request_timeout_s``, or that setting;
+        ``on_sleep`` its ``x-rmgate-on-sleep``."""
         limit = self.settings.request_timeout_s
-        return Deadline.after(limit if timeout_s is None else min(timeout_s, limit))
+        return Deadline.after(
+            limit if timeout_s is None else min(timeout_s, limit), on_sleep=on_sleep
+        )
 
     # ---- model resolution -------------------------------------------------------------
+    def scaling_state(self, model: str) -> str | None:
+        """``scaling`` while the autoscaler changes ``model``'s slots (else None)."""
+        return "scaling" if (self.autoscaling.get(model) or {}).get("scaling") else None
+
     def resolve_model(
         self, name: str | None, kind: Kind | None, default: str | None = None
     ) -> ModelSpec:

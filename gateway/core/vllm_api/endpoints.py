@@ -26,6 +26,7 @@ from gateway.core.api.schemas import (
     ModelList,
 )
 from gateway.core.config.settings import ModelSpec
+from gateway.core.elastic.sleep import model_state
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.placement import Placement
@@ -211,6 +212,9 @@ class VllmEndpoints:
             health = await asyncio.gather(
                 *(router.transport.health(spec.name, s, timeout_s) for s in range(n))
             )
+            states = await asyncio.gather(
+                *(router.transport.slot_state(spec.name, s, timeout_s) for s in range(n))
+            )
             modes = {i.mode for i in infos if i is not None}
             view = router.transport.slot_view(spec.name, n)
             cards.append(
@@ -238,6 +242,15 @@ class VllmEndpoints:
                     numerics=[i.raw.get("numerics") if i else None for i in infos],
                     nodes=[i.raw.get("node") if i else None for i in infos],
                     scorer=spec.scorer.model_dump(),
+                    state=router.scaling_state(spec.name)
+                    or model_state([st.get("state", "unavailable") for st in states]),
+                    slot_states=list(states),
+                    autoscaling={
+                        **spec.autoscaling.model_dump(),
+                        **router.autoscaling.get(spec.name, {}),
+                    }
+                    if spec.autoscaling
+                    else None,
                 )
             )
         return ModelList(data=cards, programs=[p.model_dump() for p in config.programs])

@@ -1,0 +1,1 @@
+"""Elastic slots: sleep and wake (``sleep``) and autoscaling decisions (``autoscale``)."""
