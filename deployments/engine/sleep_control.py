@@ -28,7 +28,7 @@ class EngineControl:
             method, self.url + path, headers=self.headers, timeout=timeout_s
         )
         resp.raise_for_status()
-        return resp.json()
+        return resp.json() if resp.content else {}  # vLLM 0.24's /sleep answers no body
 
     async def pause(self) -> dict[str, Any]:
         return await self._call("POST", "/rmgate/pause")
@@ -52,3 +52,14 @@ class EngineControl:
 
     async def wake_up(self) -> None:
         await self._call("POST", "/wake_up", timeout_s=600.0)
+
+    async def reload_weights(self) -> None:
+        """After a level-2 sleep the weights' memory comes back empty: vLLM's workers load
+        them again from the model folder (``reload_weights``, a dev-mode RPC)."""
+        resp = await self.client.post(
+            self.url + "/collective_rpc",
+            json={"method": "reload_weights"},
+            headers=self.headers,
+            timeout=600.0,
+        )
+        resp.raise_for_status()

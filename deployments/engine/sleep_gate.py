@@ -17,8 +17,11 @@ from typing import Any
 
 from gateway.core.elastic.sleep import ASLEEP_CODE
 
-#: Paths that pass a paused gate: liveness, metrics and vLLM's sleep routes.
-PASS_PATHS = frozenset({"/health", "/metrics", "/sleep", "/wake_up", "/is_sleeping", "/version"})
+#: Paths that pass a paused gate: liveness, metrics, vLLM's sleep routes and the RPC a
+#: level-2 wake reloads the weights with.
+PASS_PATHS = frozenset(
+    {"/health", "/metrics", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/version"}
+)
 CONTROL_PREFIX = "/rmgate/"
 #: Requests carrying this header pass a paused gate: the slot's numerics probes after a wake.
 PROBE_HEADER = "x-rmgate-probe"

@@ -151,6 +151,8 @@ class SlotLifecycle:
             try:
                 if how == "vllm_sleep_mode":
                     await self.slot.control().wake_up()
+                    if self.level == 2:  # level 2 dropped the weights: load them again
+                        await self.slot.control().reload_weights()
                 elif how == "stopped" or (how is None and self.kept_out):
                     await asyncio.to_thread(self.slot.start_engine)
                 numerics = await asyncio.to_thread(self.slot.reprobe)
