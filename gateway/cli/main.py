@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from gateway.cli import elastic
 from gateway.cli.config_file import load_serve_config, render
 from gateway.cli.ledger import ledger_app
 from gateway.core.config.scoring import GROUP_SCORER_TYPES
@@ -101,6 +102,17 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
             f"curl -s {url}/v1/rewards -H 'Content-Type: application/json' -d '{body}'"
             f"   # reward program {program['name']}: {note}"
         )
+    first = next(
+        (m["name"] for a in cfg["applications"] for m in (a.get("args") or {}).get("models", [])),
+        None,
+    )
+    if first:
+        lines.append(
+            f"curl -s -X POST '{url}/sleep?level=1&model={first}'   # free its engines' memory"
+            " (a trainer's phase); the next request wakes it"
+        )
+        lines.append(f"curl -s -X POST '{url}/wake_up?model={first}'   # numerics re-proved")
+    lines.append(f"rmgate status {url}    # each model awake or asleep, its slots, autoscaling")
     lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)
 
@@ -448,6 +460,9 @@ def check(
 
 
 app.add_typer(ledger_app, name="ledger")
+app.command("sleep")(elastic.sleep)
+app.command("wake")(elastic.wake)
+app.command("status")(elastic.status)
 
 
 def in_checkout() -> bool:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import random
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -208,6 +209,7 @@ class RewardClient:
         retry: RetryPolicy | None = None,
         progress: bool | None = None,
         api_key: str | None = None,
+        admin_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if "://" not in base_url:
@@ -221,6 +223,8 @@ class RewardClient:
         self.retry = retry or RetryPolicy()
         self.progress = progress
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        #: What sleep and wake send: the admin key when the gateway has API keys.
+        self.admin_headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self._transport = transport
         # Guards _pools, _runner and _closed: sync callers arrive from many threads.
         self._lock = threading.Lock()
@@ -515,6 +519,63 @@ class RewardClient:
 
     def chat(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return self._run(self.achat(requests))
+
+    # ---- sleep and wake (a colocated trainer's phases) --------------------------------
+    async def _control(
+        self, method: str, path: str, params: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        client = await self._pool()
+        params = {k: v for k, v in params.items() if v is not None}
+        resp = await client.request(
+            method, path, params=params, timeout=timeout_s, headers=self.admin_headers
+        )
+        if resp.status_code != 200:
+            try:
+                detail: Any = resp.json()
+            except ValueError:
+                detail = resp.text
+            raise RewardRequestError(
+                f"{path} answered {resp.status_code}: {detail}", resp.status_code, detail
+            )
+        return resp.json()
+
+    async def sleep_async(self, level: int = 1, model: str | None = None) -> dict[str, Any]:
+        """``POST /sleep?level=``: every slot of ``model`` (default: every model) frees its
+        engine's memory (level 1 keeps the weights in host memory, 2 drops them)."""
+        return await self._control("POST", "/sleep", {"level": level, "model": model}, 600.0)
+
+    async def wake_up_async(self, model: str | None = None) -> dict[str, Any]:
+        """``POST /wake_up``: every slot back, its numerics re-proved before it serves."""
+        return await self._control("POST", "/wake_up", {"model": model}, max(self.timeout_s, 600.0))
+
+    async def is_sleeping_async(self, model: str | None = None) -> bool:
+        """``GET /is_sleeping``."""
+        return bool(
+            (await self._control("GET", "/is_sleeping", {"model": model}, 60.0))["is_sleeping"]
+        )
+
+    def sleep(self, level: int = 1, model: str | None = None) -> dict[str, Any]:
+        return self._run(self.sleep_async(level, model))
+
+    def wake_up(self, model: str | None = None) -> dict[str, Any]:
+        return self._run(self.wake_up_async(model))
+
+    def is_sleeping(self, model: str | None = None) -> bool:
+        return self._run(self.is_sleeping_async(model))
+
+    @contextlib.contextmanager
+    def awake(self, model: str | None = None, level: int = 1) -> Iterator[RewardClient]:
+        """The reward phase of a colocated trainer: the model woken on entry (its numerics
+        re-proved), put back to sleep at ``level`` on exit, also when the phase raises.
+
+        >>> with client.awake():
+        ...     rewards = client.score(batch)
+        """
+        self.wake_up(model)
+        try:
+            yield self
+        finally:
+            self.sleep(level, model)
 
 
 def _close_pool(

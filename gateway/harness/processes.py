@@ -47,6 +47,19 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
+def vllm_servers(log_dir: Path | str) -> list[int]:
+    """The vLLM server processes a gateway runs now (``RMGATE_LOG_DIR=log_dir`` is in the
+    environment of everything it started): none once every slot sleeps."""
+    out = []
+    for pid in processes_with_env(f"RMGATE_LOG_DIR={log_dir}"):
+        try:
+            if b"vllm_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def engine_launcher_pid(port: int | str) -> int:
     """The engine launcher (process-group leader) of the engine listening on ``port``; not
     its watchdog, a forked child with the same command line."""

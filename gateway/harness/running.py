@@ -97,7 +97,11 @@ def wait_until_serving(
 
 @contextmanager
 def running_gateway(
-    config: Path, workdir: Path, timeout_s: float = 900, env: dict[str, str] | None = None
+    config: Path,
+    workdir: Path,
+    timeout_s: float = 900,
+    env: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, Path]]:
     """``rmgate serve CONFIG`` on a free port: yields (url, engine log dir); always stops
     it and checks that nothing it started is left."""
@@ -123,7 +127,7 @@ def running_gateway(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(url, proc, log, timeout_s)
+        wait_until_serving(url, proc, log, timeout_s, headers)
         yield url, engines
     finally:
         stop_process_group(proc)

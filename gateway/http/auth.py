@@ -70,9 +70,11 @@ async def admin_gateway(request: Request) -> RewardService:
 
 
 def check_request(request: Request) -> RewardService:
-    """The replica's service, once ``request`` carries one of its keys (if it has any)."""
+    """The replica's service, once ``request`` carries one of its keys (if it has any; an
+    admin key is one of them too)."""
     gateway = get_gateway(request)
-    check_api_key(api_key_of(request), gateway.api_keys)
+    if gateway.api_keys:
+        check_api_key(api_key_of(request), gateway.api_keys | gateway.admin_keys)
     return gateway
 
 

@@ -40,6 +40,8 @@ TICK_S = 0.5
 #: A replica's report older than this no longer counts (the replica went away).
 STALE_S = 5.0
 ACTOR_NAME = "rmgate-autoscaler"
+#: How long a model a user put to sleep is left alone before the scaler looks again.
+HOLD_S = 10.0
 #: Decisions per model that ``/v1/models`` shows.
 RECENT = 5
 
@@ -65,6 +67,8 @@ class SlotAutoscaler:
         #: Models the autoscaler scaled to zero (slot 0 asleep).
         self.asleep: set[str] = set()
         self.decisions: list[dict[str, Any]] = []
+        #: Models asleep by a user's /sleep: not scaled until then (monotonic seconds).
+        self.held_until: dict[str, float] = {}
         self._loop: asyncio.Task[None] | None = None
 
     async def report(
@@ -91,6 +95,8 @@ class SlotAutoscaler:
         for model, rule in self.rules.items():
             if model in self.scaling or model not in self.counts:
                 continue
+            if now < self.held_until.get(model, 0.0):
+                continue
             ongoing = sum(o.get(model, 0) for o in fresh)
             current = 0 if model in self.asleep else self.counts[model]
             decision = rule.observe(now, ongoing, current)
@@ -106,6 +112,7 @@ class SlotAutoscaler:
             if state.get("state") != "awake" and state.get("slept_by") == "user":
                 # a user put the model to sleep (a trainer's phase): theirs to wake
                 record["outcome"] = "held"
+                self.held_until[d.model] = time.monotonic() + HOLD_S
                 return
             current = d.current
             if current == 0:  # scaled to zero: slot 0 wakes first

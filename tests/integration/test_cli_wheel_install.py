@@ -494,6 +494,18 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     comparisons = [d["components"][0]["comparisons"] for d in r.json()["details"]]
     assert all(len(c) == 4 for c in comparisons), comparisons  # 2 others x both orders
     assert None not in r.json()["rewards"], r.json()
+    # sleep and wake are printed; `rmgate status` shows the judge autoscaled between 1 and 2
+    assert "/sleep?level=1&model=judge" in printed and "/wake_up?model=judge" in printed
+    status = subprocess.run(
+        [str(demo.venv / "bin" / "rmgate"), "status", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr
+    rows = {r["model"]: r for r in json.loads(status.stdout)}
+    assert rows["judge"]["autoscaling"] == "1..2" and rows["rm"]["autoscaling"] == "-"
+    assert rows["rm"]["state"] == "awake" and rows["rm"]["ready"] == 2, rows
     # the demo's engines proved their prefix cache at start-up and serve with it
     cards = {m["id"]: m for m in models["data"]}
     assert all(p and p["enabled"] for m in ("judge", "rm") for p in cards[m]["prefix_cache"])

@@ -42,14 +42,14 @@ class AutoscalingSpec(BaseModel):
         ),
     )
     upscale_delay_s: float = Field(
-        default=5.0,
+        default=30.0,
         ge=0,
-        description="How long more slots must be asked for before one is added.",
+        description="How long more slots must be asked for before one is added (Serve's default).",
     )
     downscale_delay_s: float = Field(
-        default=60.0,
+        default=600.0,
         ge=0,
-        description="How long fewer slots must be enough before one is removed.",
+        description="How long fewer slots must be enough before one is removed (Serve's default).",
     )
 
     @model_validator(mode="after")
