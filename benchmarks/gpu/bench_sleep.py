@@ -10,8 +10,9 @@ the 0.5B and 1.5B shapes of ``models_gpu.py`` (``rm-0.5b``, ``rm-1.5b``) and the
   throughput and every answer's bytes;
 * ``POST /sleep?level=L`` (every model at once): the time each slot took; the GPU's used
   memory (NVML) before and while asleep;
-* while asleep, a child process allocates 90 % of what the sleep freed with torch: it must
-  succeed (the trainer's use of the memory);
+* while asleep, a child process allocates all the GPU's free memory but 1 GiB with torch
+  (the trainer's use of the memory): it must succeed; the same size once the engines are
+  awake again must not fit (the negative control: it is the sleep that made room);
 * ``POST /wake_up``: the time each slot took, its numerics re-probe included, and the GPU's
   memory after; then the same replay: throughput, and the answers whose bytes differ from
   the first replay's (must be 0).
@@ -94,13 +95,14 @@ def gpu_used_gib() -> float | None:
         return None
 
 
-def allocate_in_child(gib: float) -> dict[str, Any]:
+def allocate_in_child(gib: float | None) -> dict[str, Any]:
     """torch allocates ``gib`` GiB on the GPU in a child process (its own CUDA context) and
-    touches it; the child's verdict."""
+    touches it (None: all the free memory but 1 GiB); the child's verdict."""
+    size = f"int({gib} * 1024**3)" if gib is not None else "free - 1024**3"
     code = (
         "import json, torch\n"
-        f"n = int({gib} * 1024**3)\n"
         "free, total = torch.cuda.mem_get_info()\n"
+        f"n = {size}\n"
         "x = torch.empty(n, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize()\n"
         "print(json.dumps({'allocated_gib': round(n / 1024**3, 2), 'free_gib_before': "
         "round(free / 1024**3, 2), 'ok': True}))\n"
@@ -231,7 +233,7 @@ def main() -> None:
                 ]
                 freed = (entry["gpu_used_gib_awake"] or 0) - (entry["gpu_used_gib_asleep"] or 0)
                 entry["freed_gib"] = round(freed, 2)
-                entry["allocation_while_asleep"] = allocate_in_child(round(0.9 * freed, 2))
+                asleep = entry["allocation_while_asleep"] = allocate_in_child(None)
                 log(f"level {level}: asleep {json.dumps(entry)[:1500]}")
                 save()
                 t = time.monotonic()
@@ -242,6 +244,10 @@ def main() -> None:
                 entry["wake"] = slots_of(woke.json())
                 entry["wake_status"] = woke.json()["status"]
                 entry["gpu_used_gib_after_wake"] = gpu_used_gib()
+                if asleep.get("ok"):  # the same size while awake: must not fit
+                    entry["same_allocation_while_awake"] = allocate_in_child(
+                        asleep["allocated_gib"]
+                    )
                 after = {
                     m: asyncio.run(replay(url, m, args.requests, args.concurrency)) for m in MODELS
                 }
