@@ -5,7 +5,6 @@ GPU benchmark runs on a GPU host as is), and read what it reports.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,19 +39,25 @@ def serve_config(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
-    """The Ray dashboard that ``rmgate serve`` printed: it prints it once every application
-    is RUNNING, which can be a moment after the HTTP path already answers."""
+def printed_line(log: Path, needle: str, timeout_s: float = 120.0) -> str:
+    """The first line of ``log`` holding ``needle``, waited for: ``rmgate serve`` prints its
+    sample requests and its dashboard once every application is RUNNING, which can be a
+    moment after the HTTP path already answers."""
     deadline = time.monotonic() + timeout_s
     while True:
-        match = re.search(r"serve status --address (\S+)", serve_log.read_text())
-        if match:
-            return match.group(1)
+        text = log.read_text(errors="replace")
+        line = next((x for x in text.splitlines() if needle in x), None)
+        if line is not None:
+            return line
         if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"no dashboard address in {serve_log}:\n{serve_log.read_text()[-2000:]}"
-            )
+            raise RuntimeError(f"no line with {needle!r} in {log}:\n{text[-2000:]}")
         time.sleep(0.5)
+
+
+def dashboard_address(serve_log: Path, timeout_s: float = 120.0) -> str:
+    """The Ray dashboard that ``rmgate serve`` printed."""
+    line = printed_line(serve_log, "serve status --address ", timeout_s)
+    return line.split("serve status --address ", 1)[1].split()[0]
 
 
 def metric_total(url: str, name: str) -> float:

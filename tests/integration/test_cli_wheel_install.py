@@ -45,7 +45,7 @@ import pytest
 from deployments.engine.ports import listening_table, socket_inodes  # noqa: E402
 from deployments.engine.process import free_port
 from gateway.harness.processes import processes_with_env, stop_process_group, wait_until_gone
-from gateway.harness.running import wait_until_serving
+from gateway.harness.running import printed_line, wait_until_serving
 
 pytestmark = pytest.mark.integration
 
@@ -486,8 +486,8 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
     # the group judge the demo prints a curl for: three answers compared, both orders
+    line = printed_line(demo.log, "reward program pairwise")
     printed = demo.log.read_text(errors="replace")
-    line = next(x for x in printed.splitlines() if "reward program pairwise" in x)
     body = json.loads(line.split(" -d '", 1)[1].split("'", 1)[0])
     r = httpx.post(url + "/v1/rewards", json=body, timeout=300)
     assert r.status_code == 200, r.text
