@@ -11,6 +11,14 @@ rounds.
 
     .venv/bin/python -m benchmarks.ingress_cpu [--requests 2000] [--rounds 5] [--profile classify]
 
+``--tracing`` also measures the same app with OpenTelemetry tracing on, in the same
+interleaved rounds (``traced_ms``, ``tracing_overhead``: traced over untraced, minus 1):
+every request then carries a trainer's ``traceparent`` (in every app's rounds), and its
+spans are exported over OTLP/HTTP to a receiver in another process
+(``gateway.harness.otlp_receiver``), the export flushed inside each traced round, so the
+round's CPU includes making, batching, serializing and posting the spans. Without the flag
+nothing is configured: the gateway runs as an ingress does by default (tracing off).
+
 ``tests/unit/test_ingress_cpu.py`` runs a short version in the suite and holds the ratio.
 """
 
@@ -18,11 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
+import os
 import pstats
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +48,7 @@ from gateway.core.service import RewardService
 from gateway.harness.canned_engine import CHAT, CLASSIFY, CannedTransport
 from gateway.http.app import create_app
 from gateway.http.hot_path import HotPath
+from gateway.observability import tracing
 
 ASGIApp = Callable[..., Awaitable[None]]
 
@@ -75,6 +88,8 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("rewards", "/v1/rewards", {"model": "rm", "items": [{"prompt": "3+4=", "response": "7"}]}),
 ]
+#: What a tracing trainer sends with each request (``--tracing``).
+TRACEPARENT = (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
 
 def gateway_app(hot_path: bool = True) -> ASGIApp:
@@ -98,8 +113,10 @@ def bare_app() -> ASGIApp:
     return Starlette(routes=[Route(p, answer, methods=["POST"]) for _, p, _ in REQUESTS])
 
 
-async def post(app: ASGIApp, path: str, body: bytes) -> int:
-    """One request straight into the ASGI app; its status."""
+async def post(
+    app: ASGIApp, path: str, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> int:
+    """One request straight into the ASGI app (``headers`` added to its own); its status."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -116,6 +133,7 @@ async def post(app: ASGIApp, path: str, body: bytes) -> int:
             (b"host", b"127.0.0.1:8000"),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
+            *headers,
         ],
     }
     delivered = False
@@ -139,16 +157,29 @@ async def post(app: ASGIApp, path: str, body: bytes) -> int:
 
 
 async def cpu_ms_per_request(
-    app: ASGIApp, path: str, body: bytes, n: int, concurrency: int
+    app: ASGIApp,
+    path: str,
+    body: bytes,
+    n: int,
+    concurrency: int,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+    traced: bool = False,
 ) -> float:
-    """CPU milliseconds per request over ``n`` requests, ``concurrency`` at a time."""
+    """CPU milliseconds per request over ``n`` requests, ``concurrency`` at a time;
+    ``traced``: with tracing on, its spans exported before the clock stops."""
+    tracing.set_enabled(traced)
     start = time.process_time()
-    for i in range(0, n, concurrency):
-        statuses = await asyncio.gather(
-            *(post(app, path, body) for _ in range(min(concurrency, n - i)))
-        )
-        assert set(statuses) == {200}, statuses
-    return (time.process_time() - start) * 1000 / n
+    try:
+        for i in range(0, n, concurrency):
+            statuses = await asyncio.gather(
+                *(post(app, path, body, headers) for _ in range(min(concurrency, n - i)))
+            )
+            assert set(statuses) == {200}, statuses
+        if traced:
+            assert tracing.flush(60.0), "the spans were not exported within 60 s"
+        return (time.process_time() - start) * 1000 / n
+    finally:
+        tracing.set_enabled(False)
 
 
 async def measure(
@@ -158,23 +189,33 @@ async def measure(
     names: tuple[str, ...] = ("classify", "chat", "rewards"),
     hot_path: bool = True,
     with_fastapi: bool = False,
+    with_tracing: bool = False,
 ) -> dict[str, Any]:
     """Per request: the gateway's CPU ms, the bare route's, their ratio; ``with_fastapi``
-    also measures the app without the hot path in the same rounds (``fastapi_ratio``)."""
+    also measures the app without the hot path in the same rounds (``fastapi_ratio``);
+    ``with_tracing`` the gateway with tracing on (``traced_ms``, ``tracing_overhead``;
+    tracing configured by the caller: ``main`` does)."""
     apps = {"gateway": gateway_app(hot_path), "bare": bare_app()}
     if with_fastapi:
         apps["fastapi"] = gateway_app(hot_path=False)
+    if with_tracing:
+        apps["traced"] = apps["gateway"]  # the same app; only tracing differs
+    headers = (TRACEPARENT,) if with_tracing else ()
     out: dict[str, Any] = {}
     for name, path, obj in REQUESTS:
         if name not in names:
             continue
         body = json.dumps(obj).encode()
-        for app in apps.values():  # warm: imports, caches, first-call paths
-            await cpu_ms_per_request(app, path, body, 200, concurrency)
+        for key, app in apps.items():  # warm: imports, caches, first-call paths
+            await cpu_ms_per_request(app, path, body, 200, concurrency, headers, key == "traced")
         runs: dict[str, list[float]] = {k: [] for k in apps}
         for _ in range(rounds):
             for key, app in apps.items():
-                runs[key].append(await cpu_ms_per_request(app, path, body, requests, concurrency))
+                runs[key].append(
+                    await cpu_ms_per_request(
+                        app, path, body, requests, concurrency, headers, key == "traced"
+                    )
+                )
         # the least of the rounds: CPU time only grows with interference (GC, other
         # processes), so the minimum is the steadiest estimate of the work itself
         med = {k: min(v) for k, v in runs.items()}
@@ -183,6 +224,14 @@ async def measure(
             "bare_ms": round(med["bare"], 4),
             "ratio": round(med["gateway"] / med["bare"], 2),
             **({"fastapi_ratio": round(med["fastapi"] / med["bare"], 2)} if with_fastapi else {}),
+            **(
+                {
+                    "traced_ms": round(med["traced"], 4),
+                    "tracing_overhead": round(med["traced"] / med["gateway"] - 1, 3),
+                }
+                if with_tracing
+                else {}
+            ),
             "rounds": {k: [round(x, 4) for x in v] for k, v in runs.items()},
         }
     return out
@@ -199,6 +248,34 @@ def profile(name: str, requests: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
+@contextlib.contextmanager
+def traced_to_a_receiver() -> Iterator[None]:
+    """Tracing configured (off until a traced round turns it on), exporting to an OTLP
+    receiver in its own process (its CPU is not the measured one's); a queue large enough
+    that no span of a round is dropped (a dropped span costs less than an exported one)."""
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "gateway.harness.otlp_receiver", "--every-s", "3600"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert receiver.stdout is not None
+        endpoint = receiver.stdout.readline().strip()
+        env = {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+            "OTEL_SERVICE_NAME": "rmgate-bench",
+        }
+        os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", "262144")
+        assert tracing.configure(env), endpoint
+        tracing.set_enabled(False)
+        yield
+    finally:
+        tracing.shutdown()
+        receiver.terminate()
+        receiver.wait(30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=2000)
@@ -209,15 +286,31 @@ def main() -> None:
     ap.add_argument(
         "--fastapi-only", action="store_true", help="the app without the hot path in front"
     )
+    ap.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also the app with OpenTelemetry tracing on (OTLP/HTTP to a receiver process)",
+    )
     args = ap.parse_args()
     if args.profile:
         profile(args.profile, args.requests)
         return
     hot_path = not args.fastapi_only
-    result = asyncio.run(measure(args.requests, args.rounds, args.concurrency, hot_path=hot_path))
-    print(f"{'request':10} {'gateway ms':>11} {'bare ms':>8} {'ratio':>6}")
+    with traced_to_a_receiver() if args.tracing else contextlib.nullcontext():
+        result = asyncio.run(
+            measure(
+                args.requests,
+                args.rounds,
+                args.concurrency,
+                hot_path=hot_path,
+                with_tracing=args.tracing,
+            )
+        )
+    print(f"{'request':10} {'gateway ms':>11} {'bare ms':>8} {'ratio':>6}", end="")
+    print(f" {'traced ms':>10} {'overhead':>9}" if args.tracing else "")
     for name, r in result.items():
-        print(f"{name:10} {r['gateway_ms']:11.3f} {r['bare_ms']:8.3f} {r['ratio']:6.2f}")
+        print(f"{name:10} {r['gateway_ms']:11.3f} {r['bare_ms']:8.3f} {r['ratio']:6.2f}", end="")
+        print(f" {r['traced_ms']:10.3f} {r['tracing_overhead']:9.1%}" if args.tracing else "")
     print(json.dumps(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +319,7 @@ def main() -> None:
             "rounds": args.rounds,
             "concurrency": args.concurrency,
             "hot_path": hot_path,
+            "tracing": args.tracing,
         }
         args.out.write_text(json.dumps({**meta, "requests_measured": result}, indent=2))
 

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.engine.fault import SLOT_ENV
 from deployments.engine.guard import SECRET_ENV
 from deployments.engine.vllm_server import SPIN_ENV
 from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
@@ -226,6 +227,7 @@ def plan_engine(
     if spec.kind == "discriminative":
         options["runner"] = "pooling"
     env = {
+        SLOT_ENV: str(slot),  # which slot this engine serves (not a kernel setting)
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",

@@ -39,6 +39,10 @@ CAPACITY_ARGS = frozenset(
         "disable_uvicorn_access_log",
         "swap_space",
         "block_size",
+        # vLLM's own OpenTelemetry spans (docs/operations.md, "Tracing"): where it sends
+        # them and how detailed they are; turning them on must not change the class
+        "otlp_traces_endpoint",
+        "collect_detailed_traces",
     }
 )
 #: Environment prefixes that can change kernels, and names among them that cannot.

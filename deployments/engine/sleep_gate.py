@@ -15,6 +15,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from deployments.engine.fault import Nudger
 from gateway.core.elastic.sleep import ASLEEP_CODE
 
 #: Paths that pass a paused gate: liveness, metrics, vLLM's sleep routes and the RPC a
@@ -54,6 +55,8 @@ class SleepGate:
         self.app = app
         self.paused = False
         self.inflight = 0
+        #: The audit's negative control only (``deployments.engine.fault``); None in service.
+        self.nudger = Nudger.from_env()
 
     def _state(self) -> dict[str, Any]:
         return {"paused": self.paused, "inflight": self.inflight}
@@ -85,6 +88,8 @@ class SleepGate:
             )
             return
         self.inflight += 1
+        if self.nudger is not None:
+            send = self.nudger.wrap(path, send)
         try:
             await self.app(scope, receive, send)
         finally:

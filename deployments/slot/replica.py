@@ -238,13 +238,25 @@ class SlotReplica:
             "secret": self.secret,
         }
 
-    async def forward(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        """The ``handle`` transport: post ``body`` to the engine from inside the replica."""
+    async def forward(
+        self,
+        path: str,
+        body: bytes,
+        timeout_s: float,
+        trace_headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        """The ``handle`` transport: post ``body`` to the engine from inside the replica.
+        ``trace_headers``: the ingress's engine-call span (``traceparent``, ``tracestate``)
+        when it traces, for vLLM's own spans (``gateway.observability.tracing``)."""
         resp = await self.client.post(
             self.engine.url + path,
             content=body,
             timeout=timeout_s,
-            headers={"content-type": "application/json", **engine_headers(self.plan)},
+            headers={
+                "content-type": "application/json",
+                **engine_headers(self.plan),
+                **(trace_headers or {}),
+            },
         )
         return resp.status_code, resp.content
 

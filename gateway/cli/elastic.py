@@ -1,5 +1,6 @@
 """``rmgate sleep``, ``rmgate wake`` and ``rmgate status``: a running gateway's models,
-asleep or awake, over its HTTP API (``/sleep``, ``/wake_up``, ``/v1/models``)."""
+asleep or awake, and what its audit found, over its HTTP API (``/sleep``, ``/wake_up``,
+``/v1/models``, ``/v1/audit``)."""
 
 from __future__ import annotations
 
@@ -88,13 +89,16 @@ def status(
         }
         for c in cards
     ]
+    audit = _audit_of(url, api_key)
+    for r in rows:
+        r["audit"] = _model_audit(audit, r["model"])
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
     from rich.console import Console  # typer's own dependency
     from rich.table import Table
 
-    table = Table("model", "state", "slots", "ready", "per slot", "autoscaling")
+    table = Table("model", "state", "slots", "ready", "per slot", "autoscaling", "audit")
     for r in rows:
         table.add_row(
             r["model"],
@@ -103,5 +107,46 @@ def status(
             str(r["ready"]),
             " ".join(map(str, r["slot_states"])),
             r["autoscaling"],
+            _audit_cell(r["audit"]),
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    last = (audit or {}).get("last_mismatch")
+    if last:
+        console.print(
+            f"last audit mismatch: {last['model']} class {last['numerics_class']} receipt "
+            f"{last['receipt']}: recorded by slot {last['recorded_slot']}, answered otherwise "
+            f"by slot {last['audit_slot']} ({last.get('verdict') or last.get('detail')})"
+        )
+
+
+def _audit_of(url: str, api_key: str | None) -> dict | None:
+    """``GET /v1/audit`` (None where the gateway has none or it fails: status still prints)."""
+    try:
+        resp = httpx.get(url.rstrip("/") + "/v1/audit", headers=_headers(api_key), timeout=30)
+    except httpx.HTTPError:
+        return None
+    return resp.json() if resp.status_code == 200 else None
+
+
+def _model_audit(audit: dict | None, model: str) -> dict | None:
+    """One model's audit: re-answers by outcome over its classes, suspect classes, drains."""
+    if not audit or not audit.get("enabled"):
+        return None
+    classes = [c for c in audit.get("classes", []) if c["model"] == model]
+    return {
+        **{k: sum(c[k] for c in classes) for k in ("same", "different", "failed")},
+        "suspect": [c["numerics_class"] for c in classes if c["suspect"]],
+        "drained": [d["slot"] for d in audit.get("drained", []) if d["model"] == model],
+    }
+
+
+def _audit_cell(audit: dict | None) -> str:
+    if audit is None:
+        return "off"
+    cell = f"{audit['same']} same, {audit['different']} different, {audit['failed']} failed"
+    if audit["suspect"]:
+        cell += f"; suspect {','.join(audit['suspect'])}"
+    if audit["drained"]:
+        cell += f"; drained slot {','.join(map(str, audit['drained']))}"
+    return cell

@@ -1,4 +1,5 @@
-"""``rmgate ledger``: stats, export, replay and invalidate over a gateway's reward ledger.
+"""``rmgate ledger``: stats, export, replay, audit and invalidate over a gateway's reward
+ledger.
 
 Which ledger: ``--db`` (a SQLite file, or a ``postgresql://`` DSN), else the ledger a
 config file names (``--config``), else the default SQLite file (``$RMGATE_STATE_DIR``,
@@ -18,7 +19,7 @@ import typer
 ledger_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="The reward ledger: stats, export, replay, invalidate.",
+    help="The reward ledger: stats, export, replay, audit, invalidate.",
 )
 
 DB = typer.Option(
@@ -235,6 +236,51 @@ def replay(
         lr.plot(report.diffs, str(plot_path))
         typer.echo(f"histogram -> {plot_path}")
     raise typer.Exit(0 if report.ok and not missing else 1)
+
+
+@ledger_app.command()
+def audit(
+    url: str = typer.Argument(..., help="The running gateway, e.g. http://127.0.0.1:8000."),
+    model: str | None = typer.Option(None, help="Only this model's rows."),
+    since: str | None = typer.Option(None, help="Rows recorded at or after this."),
+    sample: int = typer.Option(100, min=1, help="At most this many rows, drawn reproducibly."),
+    seed: int = typer.Option(0, help="Which rows the sample draws."),
+    admin_key: str | None = typer.Option(
+        None, envvar="RMGATE_ADMIN_API_KEY", help="An admin key (when the gateway has API keys)."
+    ),
+) -> None:
+    """Audit recorded rewards now on the live deployment: each is re-answered on another
+    slot of its numerics class with the cache off and compared bitwise; a slot the evidence
+    names is drained, as the continuous audit does (``POST /v1/audit``). Exit code 0 only
+    when every re-answer is the recorded one."""
+    import httpx
+
+    body = {"model": model, "since": parse_since(since), "sample": sample, "seed": seed}
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    try:
+        resp = httpx.post(url.rstrip("/") + "/v1/audit", json=body, headers=headers, timeout=3600)
+    except httpx.HTTPError as exc:
+        typer.echo(f"rmgate ledger audit: {url}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if resp.status_code != 200:
+        typer.echo(f"rmgate ledger audit: {resp.status_code} {resp.text}", err=True)
+        raise typer.Exit(2)
+    got = resp.json()
+    skipped = ", ".join(f"{n} {why}" for why, n in got.get("skipped", {}).items())
+    typer.echo(
+        f"audited {got['audited']} recorded rewards on class mates: {got['same']} same, "
+        f"{got['different']} different, {got['failed']} failed"
+        + (f" (skipped: {skipped})" if skipped else "")
+    )
+    for rec in got["records"]:
+        if rec["outcome"] != "same":
+            named = f"; slot {rec['blamed_slot']} drained" if rec["blamed_slot"] is not None else ""
+            typer.echo(
+                f"  {rec['outcome']}: {rec['model']} {rec['receipt']} (recorded by slot "
+                f"{rec['recorded_slot']}, re-answered by {rec['audit_slot']}): "
+                f"{rec['detail']}{named}"
+            )
+    raise typer.Exit(0 if got["different"] == 0 and got["failed"] == 0 else 1)
 
 
 @ledger_app.command()

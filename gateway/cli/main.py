@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from gateway.cli import elastic
+from gateway.cli import elastic, top
 from gateway.cli.config_file import load_serve_config, render
 from gateway.cli.ledger import ledger_app
 from gateway.core.config.scoring import GROUP_SCORER_TYPES
@@ -112,7 +112,15 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
             " (a trainer's phase); the next request wakes it"
         )
         lines.append(f"curl -s -X POST '{url}/wake_up?model={first}'   # numerics re-proved")
-    lines.append(f"rmgate status {url}    # each model awake or asleep, its slots, autoscaling")
+    audit = ((cfg["applications"][0].get("args") or {}).get("gateway") or {}).get("audit") or {}
+    if audit.get("sample"):
+        lines.append(
+            f"curl -s {url}/v1/audit    # the continuous audit: recorded rewards re-answered "
+            "on a class mate, bits compared"
+        )
+    lines.append(
+        f"rmgate status {url}    # each model awake or asleep, its slots, autoscaling, audit"
+    )
     lines.append(f"rmgate check {url}    # replay, compare bitwise, print a verdict")
     return "\n".join(lines)
 
@@ -463,6 +471,7 @@ app.add_typer(ledger_app, name="ledger")
 app.command("sleep")(elastic.sleep)
 app.command("wake")(elastic.wake)
 app.command("status")(elastic.status)
+app.command("top")(top.top)
 
 
 def in_checkout() -> bool:

@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from gateway.client.trace_context import inject_trace_context
+
 T = TypeVar("T")
 #: What a retry can fix: the gateway refused for now (429, 503: overload, a slot
 #: restarting) or the deadline passed (504). Every request is idempotent, so a retry can
@@ -366,11 +368,12 @@ class RewardClient:
                 break
             attempts += 1
             retry_after = None
+            # the gateway's deadline is what is left of ours (it caps it at its own); the
+            # caller's trace context, if it traces (gateway.client.trace_context)
+            headers = {TIMEOUT_HEADER: f"{left:.3f}"}
+            inject_trace_context(headers)
             try:
-                # the gateway's deadline is what is left of ours (it caps it at its own)
-                resp = await client.post(
-                    path, json=body, timeout=left, headers={TIMEOUT_HEADER: f"{left:.3f}"}
-                )
+                resp = await client.post(path, json=body, timeout=left, headers=headers)
             except httpx.TransportError as exc:  # connection refused/reset, read timeout
                 last = f"{type(exc).__name__}: {exc}"
             else:

@@ -13,5 +13,6 @@ GPU host as is) and imports no vLLM; nothing on the serving path imports it.
   niceness Ray gives its workers;
 * ``cpu_accounting``: CPU seconds by component and by process group, from ``/proc``;
 * ``cluster``: a Ray cluster of several nodes on this one machine, and rmgate served on it;
-* ``least_loaded``: the least-loaded FastAPI + httpx proxy rmgate is measured against.
+* ``least_loaded``: the least-loaded FastAPI + httpx proxy rmgate is measured against;
+* ``otlp_receiver``: an in-memory OTLP/HTTP trace receiver (what rmgate and vLLM export).
 """

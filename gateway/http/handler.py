@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -24,7 +25,7 @@ from gateway.http.auth import get_gateway
 from gateway.http.body import cache_asked, on_sleep_asked, read_body, request_timeout
 from gateway.http.errors import error_response
 from gateway.http.headers import result_headers
-from gateway.observability import metrics
+from gateway.observability import metrics, tracing
 
 #: (service, body, the request's deadline, what it asked of the cache: on/off/None)
 CoreCall = Callable[[RewardService, bytes, Deadline, "bool | None"], Awaitable[GatewayResult]]
@@ -43,9 +44,27 @@ def render(result: GatewayResult) -> Response:
     )
 
 
-async def serve(request: Request, endpoint: str, call: CoreCall) -> Response:
+def serve(request: Request, endpoint: str, call: CoreCall) -> Coroutine[Any, Any, Response]:
     """Answer one request; ``endpoint`` is the canonical path (keyed and sent to the
-    engine), whatever route prefix the application is mounted under."""
+    engine), whatever route prefix the application is mounted under.
+
+    Every edge reaches this one function (the hot path, FastAPI's routes, the direct
+    port), so the request's server span starts here when tracing is on
+    (``gateway.observability.tracing``); off, the untraced coroutine itself is returned."""
+    if not tracing.ENABLED:
+        return _serve(request, endpoint, call)
+    return _traced(request, endpoint, call)
+
+
+async def _traced(request: Request, endpoint: str, call: CoreCall) -> Response:
+    """``_serve`` under the request's server span, a child of its ``traceparent``."""
+    with tracing.server_span(endpoint, request.scope) as edge:
+        response = await _serve(request, endpoint, call)
+        edge.answered(response.status_code, response.headers, bytes(response.body))
+        return response
+
+
+async def _serve(request: Request, endpoint: str, call: CoreCall) -> Response:
     start = time.monotonic()
     model = ""
     try:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 
 from gateway.core.config.settings import LedgerSettings
 from gateway.core.ledger_policy.row import GroupRow, LedgerRow
-from gateway.ledger.sql_store import SqlLedger
+from gateway.ledger.sql_store import Invalidation, SqlLedger
 from gateway.ledger.writer import LedgerWriter
 
 logger = logging.getLogger("rmgate")
@@ -84,6 +85,11 @@ class Ledger:
         self.retention_days = retention_days
         self.retention_rows = retention_rows
         self._seen_invalidation = 0
+        #: Told of every recorded row (the auditor samples them); must not block.
+        self.on_record: list[Callable[[LedgerRow], None]] = []
+        #: Told of every invalidation any process wrote (an audit's drain reaches every
+        #: ingress replica this way); must not block.
+        self.on_invalidation: list[Callable[[Invalidation], None]] = []
 
     @classmethod
     def open(cls, settings: LedgerSettings) -> Ledger:
@@ -146,6 +152,8 @@ class Ledger:
         if remember and self.recent.get(row.identity) is None:
             self.recent.put(row)
         self.writer.record(row)
+        for observer in self.on_record:
+            observer(row)
 
     def record_group(self, row: GroupRow) -> None:
         """Keep a group scorer's row (never blocks, never fails the request)."""
@@ -177,6 +185,8 @@ class Ledger:
         for inv in found:
             gone = self.recent.forget(inv.model, inv.numerics_class, inv.slot)
             self._seen_invalidation = inv.id
+            for observer in self.on_invalidation:
+                observer(inv)
             logger.warning(
                 "ledger: rows of model %s%s%s invalidated; %d forgotten from memory",
                 inv.model,

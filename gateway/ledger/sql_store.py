@@ -17,10 +17,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.audit.policy import AuditRecord
 from gateway.core.ledger_policy.row import GroupRow, LedgerRow
 
 #: The schema this code reads and writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 COLUMNS = (
     "identity",
@@ -38,6 +39,17 @@ COLUMNS = (
     "seed",
     "latency_s",
     "recorded_at",
+)
+AUDIT_COLUMNS = (
+    "receipt",
+    "model",
+    "numerics_class",
+    "recorded_slot",
+    "audit_slot",
+    "outcome",
+    "blamed_slot",
+    "detail",
+    "audited_at",
 )
 GROUP_COLUMNS = (
     "identity",
@@ -118,6 +130,21 @@ class Dialect:
                        recorded_at {self.real} NOT NULL)""",
                 "CREATE INDEX group_rows_by_program ON group_rows (program, recorded_at)",
             ),
+            4: (
+                f"""CREATE TABLE audits (
+                       id {self.serial},
+                       receipt TEXT NOT NULL,
+                       model TEXT NOT NULL,
+                       numerics_class TEXT NOT NULL,
+                       recorded_slot INTEGER NOT NULL,
+                       audit_slot INTEGER,
+                       outcome TEXT NOT NULL,
+                       blamed_slot INTEGER,
+                       detail TEXT NOT NULL,
+                       audited_at {self.real} NOT NULL)""",
+                "CREATE INDEX audits_by_time ON audits (audited_at)",
+                "CREATE INDEX audits_by_receipt ON audits (receipt)",
+            ),
         }
 
 
@@ -127,6 +154,7 @@ class Invalidation:
     model: str
     numerics_class: str | None
     slot: int | None
+    reason: str = ""
 
 
 class SqlLedger:
@@ -195,6 +223,35 @@ class SqlLedger:
 
     def _transaction(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
         raise NotImplementedError
+
+    def write_audits(self, records: Sequence[AuditRecord]) -> None:
+        """Keep the auditor's re-answers (one row each: what was checked, when, found what)."""
+        if records:
+            self._transaction(
+                [
+                    (
+                        f"INSERT INTO audits ({', '.join(AUDIT_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * len(AUDIT_COLUMNS))})",
+                        [tuple(getattr(r, c) for c in AUDIT_COLUMNS) for r in records],
+                    )
+                ]
+            )
+
+    def audits(
+        self, *, model: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[AuditRecord]:
+        """The newest ``limit`` audit rows (of ``model``, at or after ``since``), oldest first."""
+        where, params = ["audited_at >= ?"], list[Any]([since if since is not None else 0.0])
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        found = self._run(
+            f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audits WHERE {' AND '.join(where)} "
+            f"ORDER BY audited_at DESC, id DESC LIMIT {int(limit)}",
+            params,
+            fetch=True,
+        )
+        return [AuditRecord(*raw) for raw in reversed(found)]
 
     # ---- reading -------------------------------------------------------------------------
     def get(self, identity: str, *, include_invalidated: bool = False) -> LedgerRow | None:
@@ -315,9 +372,9 @@ class SqlLedger:
 
     def invalidations_since(self, last_id: int) -> list[Invalidation]:
         return [
-            Invalidation(int(i), m, c, s)
-            for i, m, c, s in self._run(
-                "SELECT id, model, numerics_class, slot FROM invalidations WHERE id > ? "
+            Invalidation(int(i), m, c, s, r)
+            for i, m, c, s, r in self._run(
+                "SELECT id, model, numerics_class, slot, reason FROM invalidations WHERE id > ? "
                 "ORDER BY id",
                 (last_id,),
                 fetch=True,

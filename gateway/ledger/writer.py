@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -55,6 +56,9 @@ class LedgerWriter:
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
         self._buffer: deque[LedgerRow] = deque()
+        #: When each buffered row was handed over (monotonic), in the buffer's order: the
+        #: commit of its batch observes ``rmgate_ledger_write_lag_seconds``.
+        self._since: deque[float] = deque()
         #: Cache outcomes per (model, class, outcome) not written yet.
         self._counts: Counter[tuple[str, str, str]] = Counter()
         #: Group rows not written yet (few: one per group scorer run).
@@ -86,6 +90,7 @@ class LedgerWriter:
                 )
             return
         self._buffer.append(row)
+        self._since.append(time.monotonic())
         metrics.LEDGER_BUFFERED.set(len(self._buffer))
         if len(self._buffer) >= self.batch_rows:
             self._wake.set()
@@ -122,6 +127,7 @@ class LedgerWriter:
         (its rows stay at the front of the buffer, in order)."""
         while self._buffer or self._counts or self._groups:
             batch = [self._buffer.popleft() for _ in range(min(self.batch_rows, len(self._buffer)))]
+            since = [self._since.popleft() for _ in batch]
             counts, self._counts = self._counts, Counter()
             groups, self._groups = self._groups, []
             self._writing = len(batch)
@@ -130,6 +136,7 @@ class LedgerWriter:
                 await asyncio.to_thread(self.store.write, batch, counts, groups)
             except Exception as exc:  # noqa: BLE001 - any store failure: keep the rows
                 self._buffer.extendleft(reversed(batch))
+                self._since.extendleft(reversed(since))
                 self._counts.update(counts)
                 self._groups[:0] = groups
                 metrics.LEDGER_WRITE_ERRORS.inc()
@@ -146,6 +153,9 @@ class LedgerWriter:
                 metrics.LEDGER_BUFFERED.set(len(self._buffer))
             self.written += len(batch)
             metrics.LEDGER_WRITTEN.inc(len(batch))
+            committed = time.monotonic()
+            for handed in since:
+                metrics.LEDGER_WRITE_LAG.observe(committed - handed)
         return True
 
     async def aclose(self) -> None:

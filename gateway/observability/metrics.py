@@ -256,3 +256,74 @@ def record_transition(model: str, slot: int, report: dict) -> None:
     SLOT_AWAKE.labels(*labels).set(1 if report.get("state") == "awake" else 0)
     if report.get("changed") and report.get("state") == "kept_out":
         SLOT_KEPT_OUT.labels(*labels).inc()
+
+
+AUDIT = Counter(
+    "rmgate_audit",
+    "Recorded rewards the auditor re-answered on a class mate with the cache off, by "
+    "outcome: `same` (the recorded bits), `different`, `failed` (no answer to compare)",
+    ["model", "numerics_class", "outcome"],
+    registry=REGISTRY,
+)
+AUDIT_SKIPPED = Counter(
+    "rmgate_audit_skipped",
+    "Sampled rows the auditor did not re-answer, by reason (queue_full: its queue was full; "
+    "no_mate: no other slot of the class was serving; no_body: recorded without a body)",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+AUDIT_QUEUED = Gauge(
+    "rmgate_audit_queued", "Sampled rows waiting for an idle class mate", registry=REGISTRY
+)
+AUDIT_SUSPECT = Gauge(
+    "rmgate_audit_suspect",
+    "1 while a numerics class is suspect (an audit found its slots answering differently)",
+    ["model", "numerics_class"],
+    registry=REGISTRY,
+)
+AUDIT_DRAINED = Counter(
+    "rmgate_audit_drained",
+    "Slots the auditor drained: they answered differently from their class",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+
+
+QUEUE_WAIT_BUCKETS = (0.001, *LATENCY_BUCKETS)
+QUEUE_WAIT_SECONDS = Histogram(
+    "rmgate_queue_wait_seconds",
+    "Time an engine request waited for a place in its slot's gate (or in its class queue), "
+    "by the slot's numerics class: 0 when a place was free; a wait its deadline ended counts",
+    ["model", "numerics_class"],
+    buckets=QUEUE_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+QUEUE_FULL = Counter(
+    "rmgate_queue_full",
+    "Engine requests refused at once (503 queue_full): their slot's waiting room, or every "
+    "class mate's, was full",
+    ["model", "numerics_class"],
+    registry=REGISTRY,
+)
+LEDGER_WRITE_LAG = Histogram(
+    "rmgate_ledger_write_lag_seconds",
+    "Time from a row handed to the ledger's writer to the commit of its batch",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+SLOT_UP = Gauge(
+    "rmgate_slot_up",
+    "1 while a slot's replica answers this ingress awake or asleep (it serves, or wakes to "
+    "serve), 0 after it did not answer (dead, restarting, starting) or was kept out of its "
+    "class after a wake; as last seen by the transport",
+    ["model", "slot"],
+    registry=REGISTRY,
+)
+
+
+def forget_slot_up(model: str, slot: int) -> None:
+    """A slot scaling removed has no ``rmgate_slot_up`` series (a stale 1 would count it)."""
+    try:
+        SLOT_UP.remove(model, str(slot))
+    except KeyError:
+        pass

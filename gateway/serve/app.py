@@ -26,6 +26,8 @@ from gateway.core.service import RewardService
 from gateway.http.app import ingress_app
 from gateway.http.direct_port import serve_direct_port
 from gateway.ledger.ledger import Ledger
+from gateway.observability import tracing
+from gateway.serve.auditor import Auditor
 from gateway.serve.autoscaler import AutoscaleFeed
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
@@ -87,6 +89,9 @@ class IngressReplica:
         handles: Mapping[str, Any] | None = None,
         slot_app_prefix: str = "",
     ) -> None:
+        # OpenTelemetry tracing when the replica's OTEL_* environment asks for it (off by
+        # default: gateway.observability.tracing), once per replica process
+        tracing.configure()
         # label token ids from the models' tokenizers, once (gateway.serve.labels)
         cfg = resolve_label_tokens(AppConfig.model_validate(config))
         limits = {m.name: m.max_queue_per_slot for m in cfg.models if m.max_queue_per_slot}
@@ -112,6 +117,8 @@ class IngressReplica:
 
             self.rules = RulePool(cfg.gateway.rule_workers)
         self.service = RewardService(cfg, self.transport, self.slots, self.ledger, self.rules)
+        # re-answers a sample of what the ledger records on class mates (gateway.serve.auditor)
+        self.auditor = Auditor(cfg, self.transport, self.slots, self.ledger)
         scaled = {m.name: m.autoscaling for m in cfg.models if m.autoscaling is not None}
         self.autoscale = (
             AutoscaleFeed(
@@ -127,7 +134,7 @@ class IngressReplica:
         canary = Canary(
             self.service.config, self.transport, self.slots, on_drift=self._forget_drifted
         )
-        jobs = [canary.run, self._learn_classes, self._close_rules] + (
+        jobs = [canary.run, self._learn_classes, self._close_rules, self.auditor.run] + (
             [self.ledger.run] if self.ledger is not None else []
         )
         if self.autoscale is not None:
@@ -135,6 +142,8 @@ class IngressReplica:
             jobs.append(
                 lambda: feed.run(self.transport.ongoing, self.slots.as_dict, router.autoscaling)
             )
+        if tracing.ENABLED:  # the spans still queued are exported when the replica stops
+            jobs.append(tracing.run_until_shutdown)
         settings = self.service.config.gateway
         port = settings.direct_port
         if port is not None:
@@ -144,7 +153,7 @@ class IngressReplica:
                 lambda: serve_direct_port(app, settings.direct_host, port, settings.max_body_bytes)
             )
         # the scoring endpoints' POSTs go to their route functions in front of FastAPI
-        app = ingress_app(self.service, background=jobs, ledger=self.ledger)
+        app = ingress_app(self.service, background=jobs, ledger=self.ledger, auditor=self.auditor)
         return app
 
     async def _learn_classes(self) -> None:

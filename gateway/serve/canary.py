@@ -28,7 +28,7 @@ from gateway.core.api.errors import RmgateError
 from gateway.core.config.settings import AppConfig
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.keys import canonical_json
-from gateway.core.routing.numerics import DRIFT_PREFIX, probe_digest_of
+from gateway.core.routing.numerics import AUDIT_PREFIX, DRIFT_PREFIX, probe_digest_of
 from gateway.core.routing.placement import Placement
 from gateway.core.routing.slots import SlotTable
 from gateway.observability import metrics
@@ -45,7 +45,8 @@ class CanaryVerdict:
     expected: str | None
     observed: str | None
     #: ``match``, ``drift``, ``readmitted``, ``unreachable``, ``restarted`` (another engine
-    #: answered than the one described) or ``unknown`` (no digest).
+    #: answered than the one described), ``held`` (drained by the audit) or ``unknown``
+    #: (no digest).
     outcome: str
 
 
@@ -121,6 +122,10 @@ class Canary:
                     await self.on_drift(model, slot, reported)
             self.transport.directory.set_class(model, slot, drifted)
             return CanaryVerdict(model, slot, expected, observed, "drift")
+        if current is not None and current.startswith(AUDIT_PREFIX):
+            # The audit caught it answering differently on real requests, which its probes
+            # may not show: it stays out until its engine restarts (``SlotDirectory``).
+            return CanaryVerdict(model, slot, expected, observed, "held")
         if current != reported:
             logger.warning(
                 "canary: slot %s-%d matches its probe digest again; back in class %s",

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.core.routing.engine_access import EngineUnreachable, SlotAsleep, SlotInfo
 from gateway.core.routing.slots import SlotTable
+from gateway.observability import metrics
 
 
 class SlotDirectory:
@@ -34,6 +35,7 @@ class SlotDirectory:
     def cached(self, model: str, slot: int) -> SlotInfo | None:
         if self.slots.removed(model, slot):
             self._info.pop((model, slot), None)
+            metrics.forget_slot_up(model, slot)
             return None
         return self._info.get((model, slot))
 
@@ -52,9 +54,12 @@ class SlotDirectory:
         try:
             raw = await asyncio.wait_for(self.handles[model][slot].endpoint.remote(), timeout_s)
         except Exception as exc:  # noqa: BLE001 - Ray's actor/handle errors, timeouts
+            metrics.SLOT_UP.labels(model, str(slot)).set(0)
             raise EngineUnreachable(
                 f"slot {model}-{slot}: its replica did not answer ({type(exc).__name__}: {exc})"
             ) from exc
+        up = metrics.SLOT_UP.labels(model, str(slot))
+        up.set(0 if raw.get("state") == "kept_out" else 1)  # asleep: woken on demand
         if raw.get("state", "awake") != "awake":
             if raw.get("numerics"):  # its class stays known: its keys' mates are found
                 self.classes.setdefault((model, slot), (raw["numerics"] or {}).get("class_id"))

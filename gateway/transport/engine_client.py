@@ -30,6 +30,7 @@ from gateway.core.routing.engine_access import (
     EngineUnreachable,
     SlotInfo,
 )
+from gateway.observability import tracing
 from gateway.transport.http1_client import CONNECT_TIMEOUT_S, Http1EngineClient
 
 __all__ = ["Http1EngineClient", "HandleEngineClient", "HttpxEngineClient"]
@@ -46,10 +47,15 @@ class HandleEngineClient:
         self, target: SlotInfo, path: str, body: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
         handle = self.handles[target.model][target.slot]
+        # the engine call's trace context goes along only when tracing is on (the replica
+        # adds it to its request to the engine)
+        forward = (
+            handle.forward.remote(path, body, timeout_s)
+            if not tracing.ENABLED
+            else handle.forward.remote(path, body, timeout_s, tracing.trace_headers())
+        )
         try:
-            status, content = await asyncio.wait_for(
-                handle.forward.remote(path, body, timeout_s), timeout_s
-            )
+            status, content = await asyncio.wait_for(forward, timeout_s)
         except TimeoutError:
             raise EngineNoAnswer(
                 f"slot {target.model}-{target.slot}: the handle call got no "
@@ -79,7 +85,9 @@ class HttpxEngineClient:
             resp = await self._client.post(
                 url,
                 content=body,
-                headers=target.headers,
+                headers=target.headers
+                if not tracing.ENABLED
+                else {**target.headers, **tracing.trace_headers()},
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
             )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:

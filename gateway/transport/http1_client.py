@@ -39,6 +39,7 @@ from gateway.core.routing.engine_access import (
     EngineUnreachable,
     SlotInfo,
 )
+from gateway.observability import tracing
 
 CONNECT_TIMEOUT_S = 5.0
 #: An idle connection is not reused past this (vLLM's server closes idle ones at 5 s).
@@ -179,7 +180,10 @@ class Http1EngineClient:
         self, target: SlotInfo, path: str, body: bytes, timeout_s: float
     ) -> tuple[int, bytes]:
         host, port, head = self._head(target, path)
-        request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        if not tracing.ENABLED:
+            request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        else:  # the engine call's trace context, for vLLM's own spans (not in the cached head)
+            request = b"%s%d\r\n%s\r\n%s" % (head, len(body), tracing.header_lines(), body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         for _ in range(2):  # the second only after a stale kept connection

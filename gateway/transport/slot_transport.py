@@ -17,6 +17,7 @@ other bits. The one exception is a slot that scaling removed: its requests are h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -49,10 +50,11 @@ from gateway.core.routing.numerics import ModelClasses
 from gateway.core.routing.placement import Placement
 from gateway.core.routing.retry import Decision, RetryConfig, RetryState
 from gateway.core.routing.slots import SlotTable
-from gateway.observability import metrics
+from gateway.observability import metrics, tracing
 from gateway.transport.answer_times import AnswerTimes
 from gateway.transport.directory import SlotDirectory
 from gateway.transport.engine_client import HandleEngineClient, Http1EngineClient
+from gateway.transport.queue_wait import timed_wait
 
 logger = logging.getLogger("rmgate")
 
@@ -109,6 +111,11 @@ class SlotTransport:
 
     async def aclose(self) -> None:
         await self.engine_client.aclose()
+
+    def slot_load(self, model: str, slot: int) -> int:
+        """Requests in a slot's gate now, in flight and queued (the auditor waits for 0)."""
+        gate = self._gates.get((model, slot))
+        return 0 if gate is None else gate.inflight + gate.waiting
 
     # ---- sleep and wake (deployments.slot.lifecycle) ------------------------------------
     async def slot_state(self, model: str, slot: int, timeout_s: float) -> dict[str, Any]:
@@ -281,13 +288,31 @@ class SlotTransport:
         ):
             members = self._class_mates(model, placement)
             weighed = self.settings.experimental.load_weight == "answer_time"
-            admitted, candidates = await admit_in_class(
-                placement,
-                members,
-                deadline,
-                self._service_s(model, [s for s, _ in members]) if weighed else None,
-                model,
+            # fewer than two mates: no class wait (the slot's own gate times the request)
+            timer = (
+                timed_wait(model, placement.numerics_class, self.clock)
+                if len(members) > 1
+                else contextlib.nullcontext()
             )
+            with timer:
+                admitting = admit_in_class(
+                    placement,
+                    members,
+                    deadline,
+                    self._service_s(model, [s for s, _ in members]) if weighed else None,
+                    model,
+                )
+                admitted, candidates = await (
+                    admitting
+                    if not tracing.ENABLED or len(members) < 2
+                    else tracing.queued(
+                        admitting,
+                        model,
+                        None,
+                        {"mates": len(members)},
+                        lambda admission: admission[1][0][0],  # the first candidate now
+                    )
+                )
         # placed on another mate by the class queue: for load (its own slot: drained, if so)
         reason = (
             None
@@ -387,8 +412,20 @@ class SlotTransport:
                 gate = self.gate(info)  # the one gate of (model, slot): ``held`` if any
                 place = held if held is not None else gate
                 if held is None:
+                    left = deadline.left_or_raise(f"slot {model}-{slot}'s gate")
                     try:
-                        await gate.acquire(deadline.left_or_raise(f"slot {model}-{slot}'s gate"))
+                        with timed_wait(model, self.directory.known_class(model, slot), self.clock):
+                            waiting = gate.acquire(left)
+                            await (
+                                waiting
+                                if not tracing.ENABLED
+                                else tracing.queued(
+                                    waiting,
+                                    model,
+                                    slot,
+                                    {"inflight": gate.inflight, "queued": gate.queued},
+                                )
+                            )
                     except TimeoutError:
                         raise deadline.exceeded(
                             f"waiting at slot {model}-{slot}'s gate ({gate.inflight} in its engine)"
@@ -459,11 +496,14 @@ class SlotTransport:
         token = times.started(ahead)
         answered = False
         try:
-            status, content = await self.engine_client.post(
+            call = self.engine_client.post(
                 info,
                 path,
                 body,
                 deadline.left_or_raise(f"calling slot {info.model}-{info.slot}'s engine"),
+            )
+            status, content = await (
+                call if not tracing.ENABLED else tracing.engine_call(call, info, path)
             )
             answered = status < 500
         except EngineNoAnswer:

@@ -506,6 +506,19 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
     rows = {r["model"]: r for r in json.loads(status.stdout)}
     assert rows["judge"]["autoscaling"] == "1..2" and rows["rm"]["autoscaling"] == "-"
     assert rows["rm"]["state"] == "awake" and rows["rm"]["ready"] == 2, rows
+    # the audit runs within a minute of light traffic: re-answers on class mates, all same
+    assert "/v1/audit" in printed
+    for i in range(8):
+        httpx.post(url + "/classify", json={"model": "rm", "input": f"{i}+{i}="}, timeout=120)
+    audit: dict = {}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        audit = httpx.get(url + "/v1/audit", timeout=30).json()
+        if sum(c["same"] for c in audit["classes"]) >= 1:
+            break
+        time.sleep(2)
+    assert audit["enabled"] and sum(c["same"] for c in audit["classes"]) >= 1, audit
+    assert not any(c["different"] for c in audit["classes"]) and not audit["drained"], audit
     # the demo's engines proved their prefix cache at start-up and serve with it
     cards = {m["id"]: m for m in models["data"]}
     assert all(p and p["enabled"] for m in ("judge", "rm") for p in cards[m]["prefix_cache"])

@@ -10,7 +10,8 @@ around a longer circle). The layers, bottom to top (docs/architecture.md, "Layou
   is) < ``config`` (the config schema, the scoring specs) < ``ledger_policy`` (a reward's
   identity, the ledger row, the cache's decisions, single flight) < ``routing`` (keys,
   hashing, numerics classes, placement and the class queue, slots, retries, deadlines, the
-  router) < ``elastic`` (sleep and wake of models, autoscaling rules) < ``vllm_api`` (the
+  router) < ``audit`` (what the continuous audit samples and what a mismatch proves) <
+  ``elastic`` (sleep and wake of models, autoscaling rules) < ``vllm_api`` (the
   vLLM-shaped endpoints and the engine requests they make) < ``scoring`` (scorers,
   programs, rewards) < ``gateway.core.service`` (the front).
   pydantic and the stdlib only: no HTTP, Ray, vLLM or Prometheus.
@@ -29,6 +30,8 @@ around a longer circle). The layers, bottom to top (docs/architecture.md, "Layou
   tests and the benchmarks share it), beside the CLI: it starts ``rmgate serve`` as a
   process, so only ``gateway.core`` and ``deployments.engine`` below it; no vLLM, no pytest.
   Nothing on the serving path imports it.
+* ``deployments.monitoring``: the Grafana dashboard and Prometheus alert rules, generated
+  from code; imports no project layer (its tests compare its queries with the metrics).
 
 Nothing in ``gateway`` or ``deployments`` imports ``tests`` or ``benchmarks``.
 """
@@ -76,6 +79,7 @@ CORE = [
     "gateway.core.config",
     "gateway.core.ledger_policy",
     "gateway.core.routing",
+    "gateway.core.audit",
     "gateway.core.elastic",
     "gateway.core.vllm_api",
     "gateway.core.scoring",
@@ -177,6 +181,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
         ALL_CORE | {"deployments.engine"},
         {"vllm", "torch", "transformers", "typer", "pytest"} | NEVER,
     ),
+    # generated artefacts only: no serving stack, no project layer (YAML and JSON out)
+    "deployments.monitoring": (set(), HEAVY - {"yaml"}),
 }
 PACKAGE_INITS = {"gateway", "deployments", "gateway.core"}
 

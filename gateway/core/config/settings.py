@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.core.config.audit import AuditSettings
 from gateway.core.config.elastic import AutoscalingSpec, OnSleep
 from gateway.core.config.scoring import (
     SCORER_KINDS,
@@ -657,6 +658,11 @@ class GatewaySettings(BaseModel):
         default_factory=LedgerSettings,
         description="The reward ledger: where answers are recorded and the cache answers from.",
     )
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings,
+        description="The continuous audit: recorded rewards re-answered on a class mate, "
+        "their bits compared (docs/operations.md, Audit).",
+    )
     rule_workers: int = Field(
         default=2,
         ge=1,
@@ -710,6 +716,16 @@ class GatewaySettings(BaseModel):
     def _yaml_on_off(cls, v: Any) -> Any:
         """YAML 1.1 reads bare `on`/`off` as true/false: `cache: off` means off."""
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _audit_needs_bodies(self) -> GatewaySettings:
+        """The auditor re-sends recorded bodies: without them it has nothing to send."""
+        if self.audit.sample > 0 and (self.ledger.backend == "off" or not self.ledger.keep_bodies):
+            raise ValueError(
+                "audit.sample > 0 re-answers recorded requests: it needs the ledger "
+                "(ledger.backend sqlite or postgres) with ledger.keep_bodies: true"
+            )
+        return self
 
     def load_api_keys(self) -> frozenset[str]:
         keys = [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",")]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from gateway.core.api import stages
 from gateway.core.api.results import EngineReply, Route
 from gateway.core.ledger_policy.identity import reward_identity
 from gateway.core.ledger_policy.row import GroupRow, LedgerRow
@@ -78,7 +79,11 @@ class RewardReuse:
             outcome = "miss"
         else:
             identity = reward_identity(ask.model, ask.expected_class, ask.path, ask.body)
-            row = await self.ledger.lookup(identity)
+            row = await (
+                self.ledger.lookup(identity)
+                if stages.TRACER is None
+                else self._traced_lookup(stages.TRACER, ask, identity)
+            )
             if row is not None and row.status == 200:
                 self.ledger.counted(ask.model, row.numerics_class, "hit")
                 return hit_route(ask.key, row), EngineReply(
@@ -115,7 +120,7 @@ class RewardReuse:
             return route, reply  # an error is not a reward; an unknown class names nothing
         # the class that answered (a cross-class failover answers for another identity)
         identity = reward_identity(ask.model, reply.numerics_class, ask.path, ask.body)
-        self.ledger.record(
+        self._record(
             LedgerRow(
                 identity=identity,
                 model=ask.model,
@@ -133,9 +138,38 @@ class RewardReuse:
                 latency_s=time.monotonic() - started,
                 recorded_at=time.time(),
             ),
-            remember=remember and identity_looked_up(ask, reply),
+            remember and identity_looked_up(ask, reply),
         )
         return dataclasses.replace(route, receipt=identity), reply
+
+    async def _traced_lookup(
+        self, tracer: stages.StageTracer, ask: Ask, identity: str
+    ) -> LedgerRow | None:
+        """The ledger lookup as the stage ``rmgate.ledger.lookup``."""
+        with tracer.stage(
+            "rmgate.ledger.lookup",
+            {"rmgate.model": ask.model, "rmgate.receipt": identity},
+        ) as stage:
+            row = await self.ledger.lookup(identity)
+            stage.set_attribute("rmgate.ledger.found", row is not None and row.status == 200)
+            return row
+
+    def _record(self, row: LedgerRow, remember: bool) -> None:
+        """Hand ``row`` to the ledger (its writer stores it off the request path); traced
+        as the stage ``rmgate.ledger.write`` (the handoff, not the store's commit)."""
+        if stages.TRACER is None:
+            self.ledger.record(row, remember=remember)
+            return
+        with stages.TRACER.stage(
+            "rmgate.ledger.write",
+            {
+                "rmgate.model": row.model,
+                "rmgate.receipt": row.identity,
+                "rmgate.numerics_class": row.numerics_class,
+                "rmgate.slot": row.slot,
+            },
+        ):
+            self.ledger.record(row, remember=remember)
 
 
 def hit_route(key: int, row: LedgerRow) -> Route:

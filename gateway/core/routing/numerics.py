@@ -27,6 +27,16 @@ CLASS_ID_CHARS = 12
 #: The class the canary gives a slot whose probe digest changed (``drift-<digest>``): such a
 #: slot is drained under either policy until its digest matches again.
 DRIFT_PREFIX = "drift-"
+#: The class the auditor gives a slot that answered a recorded request differently from its
+#: class (``audit-<class>``): drained under either policy until its engine restarts.
+AUDIT_PREFIX = "audit-"
+#: Classes that set a slot aside: never a majority, always drained.
+SET_ASIDE = (DRIFT_PREFIX, AUDIT_PREFIX)
+
+
+def set_aside(numerics_class: str | None) -> bool:
+    """Whether a slot of this class was taken out of its class by the canary or the audit."""
+    return numerics_class is not None and numerics_class.startswith(SET_ASIDE)
 
 
 def probe_digest_of(answers: Iterable[str]) -> str:
@@ -63,7 +73,7 @@ class ModelClasses:
 
     @cached_property
     def majority(self) -> str | None:
-        known = [c for c in self.classes if c is not None and not c.startswith(DRIFT_PREFIX)]
+        known = [c for c in self.classes if c is not None and not set_aside(c)]
         if not known:
             return None
         counts = Counter(known)
@@ -80,7 +90,7 @@ class ModelClasses:
 
     def drained(self, slot: int) -> bool:
         cls = self.classes[slot]
-        if cls is not None and cls.startswith(DRIFT_PREFIX):
+        if set_aside(cls):
             return True
         return (
             self.policy == "strict"
@@ -96,6 +106,11 @@ class ModelClasses:
             return (
                 "its probe digest changed under the running gateway (canary): drained "
                 "until it matches again"
+            )
+        if str(self.classes[slot]).startswith(AUDIT_PREFIX):
+            return (
+                "it answered a recorded request differently from its class (audit): drained "
+                "until its engine restarts"
             )
         return (
             f"class {self.classes[slot]} differs from the model's majority class "

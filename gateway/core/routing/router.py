@@ -14,9 +14,11 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.api import stages
 from gateway.core.api.errors import (
     EngineFailed,
     EngineRejected,
@@ -60,6 +62,27 @@ class EngineRequest:
     seed_derived: bool = False
     #: ``(field, asked, sent)`` when the ask for output tokens was capped at the context.
     max_tokens_clamped: tuple[str, int, int] | None = None
+
+
+def route_attributes(route: Route, status: int) -> dict[str, stages.Attribute]:
+    """What decided an engine request's answer, as a traced stage's attributes: the slot
+    that answered and the key's own, the answering class, the cache outcome, the receipt
+    and the answer's status."""
+    out: dict[str, stages.Attribute] = {
+        "rmgate.slot": route.answered_by,
+        "rmgate.slot.home": route.slot,
+        "http.response.status_code": status,
+    }
+    for name, value in (
+        ("rmgate.numerics_class", route.numerics_class),
+        ("rmgate.cache", route.cache),
+        ("rmgate.receipt", route.receipt),
+        ("rmgate.placement.reason", route.placement_reason),
+        ("rmgate.fingerprint", route.fingerprint),
+    ):
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def engine_error(reply: EngineReply, routed: GatewayResult) -> RmgateError:
@@ -153,19 +176,54 @@ class Router:
         )
 
     # ---- answering --------------------------------------------------------------------
-    async def answer(
+    def answer(
         self,
         request: EngineRequest,
         deadline: Deadline,
         use_cache: bool | None = None,
         placement: Placement | None = None,
-    ) -> tuple[Route, EngineReply]:
+    ) -> Coroutine[Any, Any, tuple[Route, EngineReply]]:
         """The answer to one engine request: from the ledger or an identical call in
         flight when the cache may answer (``gateway.core.ledger_policy.reuse``), else the
         engine's, and recorded. Nothing waits past ``deadline``: a last-resort guard
         answers 504 ``GUARD_MARGIN_S`` after it whatever happened (the transport ends its
         own waits at the deadline). ``placement``: decided by the caller (a group's, made
-        once for all its items), else the request's own."""
+        once for all its items), else the request's own.
+
+        Traced as the stage ``rmgate.answer`` when tracing is on
+        (``gateway.core.api.stages``); off, this returns the untraced coroutine itself."""
+        if stages.TRACER is None:
+            return self._answer(request, deadline, use_cache, placement)
+        return self._traced_answer(stages.TRACER, request, deadline, use_cache, placement)
+
+    async def _traced_answer(
+        self,
+        tracer: stages.StageTracer,
+        request: EngineRequest,
+        deadline: Deadline,
+        use_cache: bool | None,
+        placement: Placement | None,
+    ) -> tuple[Route, EngineReply]:
+        with tracer.stage(
+            "rmgate.answer",
+            {
+                "rmgate.model": request.model.name,
+                "rmgate.endpoint": request.path,
+                "rmgate.key": key_hex(request.key),
+            },
+        ) as stage:
+            route, reply = await self._answer(request, deadline, use_cache, placement)
+            for name, value in route_attributes(route, reply.status).items():
+                stage.set_attribute(name, value)
+            return route, reply
+
+    async def _answer(
+        self,
+        request: EngineRequest,
+        deadline: Deadline,
+        use_cache: bool | None,
+        placement: Placement | None,
+    ) -> tuple[Route, EngineReply]:
         spec = request.model
         placement = placement or self.placement(spec, request.key)
 

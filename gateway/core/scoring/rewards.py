@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
+from gateway.core.api import stages
 from gateway.core.api.errors import (
     DeadlineExceeded,
     InvalidSchema,
@@ -213,7 +214,9 @@ class RewardScorer:
             raise RuleCheckFailed("no rule pool is running in this gateway", reason="error")
         try:
             async with asyncio.timeout(self.deadline.remaining()):
-                return await rules.run(call)
+                if stages.TRACER is None:
+                    return await rules.run(call)
+                return await _traced_rule(stages.TRACER, rules, call)
         except TimeoutError:
             raise self.deadline.exceeded("running a rule check") from None
 
@@ -418,9 +421,14 @@ class RewardScorer:
         )
 
     def _score(self, target: Target, item: RewardInput) -> Awaitable[Scored]:
-        if isinstance(target, ProgramSpec):
-            return self._score_program(target, item)
-        return self._score_model(target, item)
+        scoring = (
+            self._score_program(target, item)
+            if isinstance(target, ProgramSpec)
+            else self._score_model(target, item)
+        )
+        if stages.TRACER is None:
+            return scoring
+        return _traced_score(stages.TRACER, scoring, target, item)
 
     @staticmethod
     def _result(
@@ -501,6 +509,43 @@ class RewardScorer:
             return GatewayResult(model="", body=json.dumps(body).encode(), endpoint="/get_reward")
         result = self._result(target, scored, "/get_reward", body)
         return dataclasses.replace(result, body=json.dumps(body).encode())
+
+
+async def _traced_score(
+    tracer: stages.StageTracer, scoring: Awaitable[Scored], target: Target, item: RewardInput
+) -> Scored:
+    """One item's scoring (its engine requests and rule checks nest under it) as the stage
+    ``rmgate.score``: the item, its scorer, its reward or why it has none."""
+    attributes: dict[str, stages.Attribute] = {
+        "rmgate.model": target.name,
+        "rmgate.scorer": "program" if isinstance(target, ProgramSpec) else "model",
+        "rmgate.item": item.index,
+    }
+    if item.group is not None:
+        attributes["rmgate.group"] = item.group
+    with tracer.stage("rmgate.score", attributes) as stage:
+        scored = await scoring
+        if scored.reward is not None:
+            stage.set_attribute("rmgate.reward", scored.reward)
+        else:
+            stage.set_attribute("rmgate.masked", True)
+        if scored.failures:
+            stage.set_attribute("rmgate.failed_components", ",".join(scored.failures))
+        return scored
+
+
+async def _traced_rule(tracer: stages.StageTracer, rules: RuleRunner, call: RuleCall) -> float:
+    """One rule check in the rule pool as the stage ``rmgate.rule``."""
+    with tracer.stage(
+        "rmgate.rule", {"rmgate.rule": call.check, "rmgate.rule.timeout_s": call.timeout_s}
+    ) as stage:
+        try:
+            score = await rules.run(call)
+        except RuleCheckFailed as err:
+            stage.set_attribute("rmgate.rule.failure", err.reason)
+            raise
+        stage.set_attribute("rmgate.rule.score", score)
+        return score
 
 
 def _item_input(index: int, item: RewardItem) -> RewardInput:
