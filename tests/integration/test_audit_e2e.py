@@ -11,6 +11,10 @@ start-up check and the canary cannot see it). Every recorded answer is audited
   every ``rm_bad`` answer is slot 0's and bitwise ``rm``'s;
 * the ledger holds an audit row per re-answer; ``rmgate ledger audit`` re-checks on demand;
   ``rmgate status`` shows it.
+
+The gateway also traces (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set to a receiver in the
+test that decodes the real OTLP protobuf): a request sent with a ``traceparent`` gives the
+edge span and the stage spans in the trainer's trace.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pytest
 import yaml
 
 from benchmarks.audit import config
+from gateway.harness.otlp_receiver import otlp_receiver
 from gateway.harness.processes import NO_CACHE
 from gateway.harness.running import REPO, metric_total, running_gateway
 
@@ -40,8 +45,14 @@ def audited(demo_models, tmp_path_factory):
     work = tmp_path_factory.mktemp("audit")
     path = work / "audit.yaml"
     path.write_text(yaml.safe_dump(config(demo_models / "disrm", work / "state", 1.0, True)))
-    with running_gateway(path, work) as (url, _):
-        yield url
+    with otlp_receiver() as receiver:
+        env = {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        with running_gateway(path, work, env=env) as (url, _):
+            yield url, receiver
 
 
 def classify(client: httpx.Client, url: str, model: str, text: str) -> httpx.Response:
@@ -70,7 +81,7 @@ async def keep_loading(url: str, stop: threading.Event, sent: list[int]) -> None
 
 
 def test_the_audit_catches_and_drains_only_the_slot_that_answers_otherwise(audited):
-    url = audited
+    url, _ = audited
     stop, sent = threading.Event(), []
     loader = threading.Thread(target=lambda: asyncio.run(keep_loading(url, stop, sent)))
     start = time.monotonic()
@@ -119,7 +130,7 @@ def test_the_audit_catches_and_drains_only_the_slot_that_answers_otherwise(audit
 
 
 def test_the_record_and_the_commands_show_the_audit(audited):
-    url = audited
+    url, _ = audited
     # on demand: rm's recorded rows re-answered now, all the same (exit 0)
     out = subprocess.run(
         [
@@ -151,3 +162,31 @@ def test_the_record_and_the_commands_show_the_audit(audited):
     rows = {r["model"]: r for r in json.loads(status.stdout)}
     assert rows["rm"]["audit"]["different"] == 0 and rows["rm"]["audit"]["same"] >= 12
     assert rows["rm_bad"]["audit"]["drained"] == [1]
+
+
+def test_a_trainers_trace_gets_the_gateways_stage_spans(audited):
+    url, receiver = audited
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    parent = "00f067aa0ba902b7"
+    r = httpx.post(
+        url + "/classify",
+        json={"model": "rm", "input": "traced: 2+2="},
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+        timeout=600,
+    )
+    assert r.status_code == 200, r.text
+    wanted = {"rmgate.answer", "rmgate.queue", "rmgate.engine", "rmgate.ledger.write"}
+
+    def ours(spans):
+        return [s for s in spans if s.trace_id == trace_id]
+
+    spans = ours(receiver.wait_for(lambda got: wanted <= {s.name for s in ours(got)}, 60))
+    names = {s.name for s in spans}
+    assert wanted <= names, names
+    edge = next(s for s in spans if s.parent_span_id == parent)  # child of the trainer's span
+    assert edge.attributes["http.response.status_code"] == 200, edge.attributes
+    answer = next(s for s in spans if s.name == "rmgate.answer")
+    assert answer.attributes["rmgate.model"] == "rm"
+    assert answer.attributes["rmgate.receipt"] == r.headers["x-rmgate-receipt"]
+    assert answer.attributes["rmgate.numerics_class"] == r.headers["x-rmgate-class"]
+    assert {s.service for s in spans} == {"rmgate"}
