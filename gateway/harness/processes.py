@@ -183,6 +183,29 @@ def engine_requests_done(url: str, models: Iterable[str] | None = None) -> float
     ]
 
 
+def requests_done_besides_audits(url: str, models: Iterable[str], timeout_s: float = 60.0) -> float:
+    """``engine_requests_done`` less the requests the gateway's continuous audit sent
+    (``GET /v1/audit``: ``engine_calls``), read when no audit request is in flight and
+    none finished while the engines were read (one ingress replica): the engine calls
+    that callers' requests made."""
+    import httpx
+
+    wanted = list(models)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        before = httpx.get(url + "/v1/audit", timeout=30).json()
+        done = engine_requests_done(url, wanted)
+        after = httpx.get(url + "/v1/audit", timeout=30).json()
+        calls = before.get("engine_calls", {})
+        if before.get("in_flight", 0) == after.get("in_flight", 0) == 0 and calls == after.get(
+            "engine_calls", {}
+        ):
+            return done - sum(calls.get(m, 0) for m in wanted)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the audit did not hold still long enough to count")
+        time.sleep(0.05)
+
+
 def engine_metric_totals(
     url: str, names: Iterable[str], models: Iterable[str] | None = None
 ) -> dict[str, float]:

@@ -70,6 +70,10 @@ class Auditor:
         self.book = AuditBook(self.settings.clear_after)
         self.queue: deque[LedgerRow] = deque()
         self._arrived: asyncio.Event | None = None
+        #: Engine requests the auditor sent, per model, and those not answered yet: what
+        #: the engines' own counts include beside the trainers' requests.
+        self.calls: dict[str, int] = {}
+        self.in_flight = 0
         if ledger is not None:
             ledger.on_invalidation.append(self._learn_drain)
             if self.enabled:
@@ -83,6 +87,8 @@ class Auditor:
             "max_per_minute": self.settings.max_per_minute,
             "on_mismatch": self.settings.on_mismatch,
             "queued": len(self.queue),
+            "engine_calls": dict(self.calls),
+            "in_flight": self.in_flight,
             **self.book.as_dict(),
         }
 
@@ -168,6 +174,7 @@ class Auditor:
     # ---- one audit ----------------------------------------------------------------------
     async def _answer(self, row: LedgerRow, slot: int) -> str | None:
         """Slot ``slot``'s canonical answer to ``row``'s request now (None: it failed)."""
+        self.in_flight += 1
         try:
             reply = await self.transport.post(
                 row.model,
@@ -182,6 +189,9 @@ class Auditor:
         except (RmgateError, ValueError) as exc:
             logger.info("audit: slot %s-%d did not answer: %s", row.model, slot, exc)
             return None
+        finally:
+            self.calls[row.model] = self.calls.get(row.model, 0) + 1
+            self.in_flight -= 1
 
     async def audit(self, row: LedgerRow, peer: int) -> AuditRecord:
         """Re-answer ``row`` on ``peer``; pursue a mismatch; act; record."""
@@ -254,6 +264,8 @@ class Auditor:
     ) -> None:
         if self.settings.on_mismatch != "drain":
             return
+        if self.transport.directory.known_class(model, slot) != numerics_class:
+            return  # already drained (an earlier row of the same slot found it out)
         if not [s for s in self._serving(model, numerics_class) if s != slot]:
             logger.error(
                 "audit: slot %s-%d not drained: it is the last slot serving class %s",

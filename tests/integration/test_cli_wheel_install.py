@@ -626,9 +626,11 @@ def test_get_reward_answers_are_byte_identical_whichever_slots_answer(demo):
 
 
 def engine_requests_done(url: str, model: str) -> float:
-    from gateway.harness.processes import engine_requests_done as done
+    """The engine calls the test's requests made: the engines' count less the demo's
+    continuous audit's re-answers."""
+    from gateway.harness.processes import requests_done_besides_audits
 
-    return done(url, [model])
+    return requests_done_besides_audits(url, [model])
 
 
 def ingress_pids(marker: str) -> list[int]:

@@ -205,9 +205,9 @@ async def test_a_slot_that_contradicts_itself_is_drained_and_its_mate_is_not(tmp
         slot = i % 2
         rec = await auditor.audit(recorded(engines, slot, f"y{i}"), peer=1 - slot)
         outcomes.append((rec.outcome, rec.blamed_slot))
-        if auditor.book.drained:
-            break
-    assert auditor.book.drained and {d["slot"] for d in auditor.book.drained} == {1}
+    # drained once, although rows it recorded before the drain go on being found out
+    assert [d["slot"] for d in auditor.book.drained] == [1]
+    assert sum(b == 1 for _, b in outcomes) >= 2
     assert all(b in (None, 1) for _, b in outcomes)  # slot 0 is never named
     view = auditor.transport.slot_view("m", 2)
     assert view.classes.classes == ("A", "audit-A") and view.classes.drained(1)

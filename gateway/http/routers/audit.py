@@ -19,6 +19,8 @@ from gateway.http.errors import ERROR_RESPONSES
 OFF: dict[str, Any] = {
     "enabled": False,
     "queued": 0,
+    "engine_calls": {},
+    "in_flight": 0,
     "classes": [],
     "drained": [],
     "last_mismatch": None,
