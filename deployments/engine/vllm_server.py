@@ -1,4 +1,5 @@
-"""vLLM's OpenAI server, with its inter-process busy-wait bounded on CPU hosts.
+"""vLLM's OpenAI server, with its inter-process busy-wait bounded on CPU hosts (and, under
+``fixed_shape``, the score head at one row count: ``deployments.engine.fixed_shape``).
 
 vLLM's engine processes talk over a shared-memory queue whose reader spins
 (``sched_yield``) for one second after every message before it sleeps on a socket
@@ -21,6 +22,8 @@ messages either way: the answers' bits do not depend on it.
 from __future__ import annotations
 
 import os
+
+from deployments.engine.fixed_shape import pad_classifier_rows
 
 #: The environment variable that bounds the busy-wait (seconds); unset: vLLM's own.
 SPIN_ENV = "RMGATE_ENGINE_SPIN_S"
@@ -48,6 +51,7 @@ def bound_busy_wait() -> float | None:
 
 
 bound_busy_wait()  # at import: spawned engine processes import this module as their main
+pad_classifier_rows()  # fixed_shape's score head at one row count (RMGATE_FIXED_HEAD_ROWS)
 
 
 def run_server() -> None:

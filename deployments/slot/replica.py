@@ -19,13 +19,13 @@ import httpx
 from ray import serve
 from ray.serve import Application
 
-from deployments.engine.args import detect_platform, engine_headers, needs_selftest, plan_engine
+from deployments.engine.args import detect_platform, engine_headers, plan_engine
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
 from deployments.engine.numerics import slot_numerics
 from deployments.engine.ports import PortReservation
 from deployments.engine.prefix_check import run_prefix_check
 from deployments.engine.process import EngineProcess
-from deployments.engine.selftest import run_selftest
+from deployments.engine.selftest import prove_batching, run_selftest
 from deployments.engine.sleep_control import EngineControl
 from deployments.slot.lifecycle import SlotLifecycle
 from gateway.core.config.settings import ModelSpec
@@ -76,14 +76,12 @@ class SlotReplica:
         self.prefix_cache: dict[str, Any] | None = None
         running = self.spec
         self._start_engine(running)
-        if needs_selftest(running, self.plan.mode):
-            result = self._probe(run_selftest, running)
-            self.selftest = {**result.as_dict(), "mode": self.plan.mode}
-            logger.info("slot %s-%d: self-test %s", running.name, slot, result.summary())
-            if not result.passed:
-                running = running.model_copy(update={"determinism": "serialize"})
-                self._restart_engine(running)
-                self.selftest["fallback"] = "serialize"
+        running, self.selftest = prove_batching(
+            running,
+            lambda: self.plan.mode,
+            lambda s: self._probe(run_selftest, s),
+            self._restart_engine,
+        )
         if self.plan.prefix_cache:  # asked for (prefix_cache: auto): proven, or off
             check = self._probe(run_prefix_check, running)
             self.prefix_cache = {"enabled": check.passed, "check": check.as_dict()}

@@ -23,7 +23,7 @@ from gateway.core.config.scoring import (
 )
 
 Kind = Literal["generative", "discriminative"]
-DeterminismMode = Literal["auto", "batch_invariant", "serialize", "off"]
+DeterminismMode = Literal["auto", "batch_invariant", "fixed_shape", "serialize", "off"]
 
 
 def normalize_engine_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +163,9 @@ class ModelSpec(BaseModel):
         default="auto",
         description=(
             "`batch_invariant` (vLLM's batch-invariant kernels: batched, the same bits), "
+            "`fixed_shape` (DisRM on CUDA: every step padded to one token count so vLLM's "
+            "standard kernels see one shape; proven by the start-up self-test, else "
+            "`batch_invariant`), "
             "`serialize` (one sequence at a time, prefix caching off), `off` (vLLM's defaults, "
             "no guarantee), `auto` (batch_invariant where the platform has it, e.g. CUDA; "
             "serialize otherwise, e.g. CPU)."

@@ -1,0 +1,82 @@
+"""A classifier head that sees one row count, whatever the step's batch.
+
+Under fixed-shape steps (every engine step padded to one token count: one CUDA-graph size
+equal to the token budget) the model's matmuls always run at one shape, so a token's
+hidden state cannot depend on its neighbours. vLLM then applies a DisRM's score head
+outside that graph, to the last-token states of the requests that finish in the step
+(``ClassifierPoolerHead``): a matmul of as many rows as requests finished, where cuBLAS
+picks its kernel (and with it the reduction order) by the row count. So a request scored
+alone and the same request scored beside 50 others can differ in the last bits even
+though their hidden states are identical. ``RMGATE_FIXED_HEAD_ROWS=N`` pads that input to
+N rows (chunks of N beyond), so the head runs at one shape too; the padding rows are
+zeros and dropped. The head is ``hidden × num_labels``: padding costs microseconds.
+
+Applied at import by ``deployments.engine.vllm_server`` (engine processes vLLM forks
+inherit it; spawned ones import that module again as their main).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: The environment variable with the row count (unset: vLLM's head untouched).
+HEAD_ROWS_ENV = "RMGATE_FIXED_HEAD_ROWS"
+#: Head calls made padded in this process (what a probe reads to know the patch ran).
+CALLS = [0]
+
+
+def padded_rows(fn: Any, rows: int) -> Any:
+    """``fn`` (the head, a ``torch.nn.Module``) applied to ``rows`` rows at a time, the last
+    chunk padded with zeros: a module itself, since the pooler holds its head as a child."""
+    import torch
+
+    class PaddedRows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = fn
+            self.rows = rows
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            CALLS[0] += 1
+            n = int(x.shape[0])
+            outs = []
+            for start in range(0, max(n, 1), self.rows):
+                chunk = x[start : start + self.rows]
+                short = self.rows - int(chunk.shape[0])
+                if short:
+                    chunk = torch.cat([chunk, chunk.new_zeros((short, *chunk.shape[1:]))])
+                outs.append(self.inner(chunk)[: self.rows - short])
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    return PaddedRows()
+
+
+def pad_classifier_rows() -> int | None:
+    """Make vLLM's sequence classifier head run at ``$RMGATE_FIXED_HEAD_ROWS`` rows (in
+    this process and the engine processes it starts). Returns the row count, None when
+    unset or when this vLLM has no such head (left untouched)."""
+    value = os.environ.get(HEAD_ROWS_ENV)
+    if not value:
+        return None
+    rows = int(value)
+    if rows < 1:
+        raise ValueError(f"{HEAD_ROWS_ENV} must be a positive row count, not {value!r}")
+    try:
+        from vllm.model_executor.layers.pooler.seqwise import heads
+    except ImportError:
+        return None
+    head = heads.ClassifierPoolerHead
+    if getattr(head, "_rmgate_rows", None) == rows:
+        return rows
+    forward = head.forward
+
+    def padded_forward(self: Any, pooled_data: Any, pooling_metadata: Any) -> Any:
+        if self.classifier is not None and not getattr(self, "_rmgate_padded", False):
+            self.classifier = padded_rows(self.classifier, rows)
+            self._rmgate_padded = True
+        return forward(self, pooled_data, pooling_metadata)
+
+    head.forward = padded_forward
+    head._rmgate_rows = rows
+    return rows

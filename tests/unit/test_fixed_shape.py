@@ -1,0 +1,173 @@
+"""``determinism: fixed_shape``: its engine plan, its identity, its place in the self-test's
+fallbacks, and the score head at one row count (``deployments.engine.fixed_shape``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
+from deployments.engine.fixed_shape import HEAD_ROWS_ENV, padded_rows
+from deployments.engine.numerics import slot_identity
+from deployments.engine.selftest import SelfTestResult, prove_batching
+from gateway.core.config.settings import ModelSpec
+from tests.integration.conftest import REPO
+
+CPU = Platform("cpu", "cpu")
+H100 = Platform("cuda", "NVIDIA H100 80GB HBM3", (9, 0))
+
+
+def spec(**kw) -> ModelSpec:
+    return ModelSpec(
+        **{
+            "name": "rm",
+            "kind": "discriminative",
+            "model_path": "/m",
+            "determinism": "fixed_shape",
+            **kw,
+        }
+    )
+
+
+def options(plan) -> dict[str, str]:
+    args, out = plan.args, {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            out[a[2:]] = "" if nxt.startswith("--") else nxt
+    return out
+
+
+def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences():
+    plan = plan_engine(spec(), H100, port=9)
+    opts = options(plan)
+    assert plan.mode == "fixed_shape" and plan.max_inflight == 256
+    assert json.loads(opts["compilation-config"]) == {
+        "cudagraph_capture_sizes": [8192],
+        "max_cudagraph_capture_size": 8192,
+    }
+    assert opts["max-num-batched-tokens"] == "8192" and opts["max-num-seqs"] == "256"
+    assert opts["attention-backend"] == "FLASH_ATTN" and plan.attention_backend == "FLASH_ATTN"
+    assert plan.env[HEAD_ROWS_ENV] == "256" and "VLLM_BATCH_INVARIANT" not in plan.env
+    assert (plan.step_tokens, plan.head_rows) == (8192, 256)
+    # the user's budget and sequences are the padded shape; other compilation keys stay
+    mine = plan_engine(
+        spec(
+            engine_args={
+                "max_num_batched_tokens": 4096,
+                "max_num_seqs": 64,
+                "compilation_config": {"cudagraph_capture_sizes": [1, 2], "mode": 3},
+                "attention_backend": "TRITON_ATTN",
+            }
+        ),
+        H100,
+        port=9,
+    )
+    opts = options(mine)
+    assert json.loads(opts["compilation-config"]) == {
+        "cudagraph_capture_sizes": [4096],
+        "max_cudagraph_capture_size": 4096,
+        "mode": 3,
+    }
+    assert opts["attention-backend"] == "TRITON_ATTN" and mine.env[HEAD_ROWS_ENV] == "64"
+    assert mine.args.count("--compilation-config") == 1 and mine.max_inflight == 64
+
+
+@pytest.mark.parametrize(
+    "kw,platform,match",
+    [
+        ({"kind": "generative"}, H100, "discriminative"),
+        ({}, CPU, "CUDA"),
+        ({"engine_args": {"enforce_eager": True}}, H100, "enforce_eager"),
+        ({"engine_args": {"compilation_config": {"cudagraph_mode": "NONE"}}}, H100, "cudagraph"),
+    ],
+)
+def test_refused_where_steps_cannot_have_one_shape(kw, platform, match):
+    with pytest.raises(PolicyError, match=match):
+        plan_engine(spec(**kw), platform, port=9)
+
+
+def test_its_own_class_and_the_shape_is_part_of_it():
+    def identity(s: ModelSpec) -> dict:
+        return slot_identity(s, plan_engine(s, H100, port=9), H100, "digest")
+
+    fixed = identity(spec())
+    assert fixed["mode"] == "fixed_shape" and fixed["step_tokens"] == 8192
+    assert identity(spec(determinism="batch_invariant")) != fixed
+    assert "step_tokens" not in identity(spec(determinism="batch_invariant"))
+    # a budget is a capacity knob elsewhere; here it is the shape the kernels see
+    assert identity(spec(engine_args={"max_num_batched_tokens": 4096})) != fixed
+    assert identity(spec(engine_args={"gpu_memory_utilization": 0.5})) == fixed
+    assert resolve_mode(spec(determinism="auto"), H100) == "batch_invariant"
+
+
+def test_a_failed_selftest_falls_back_to_batch_invariant_then_serialize():
+    restarted: list[str] = []
+    running = {"mode": "fixed_shape"}
+
+    def restart(s: ModelSpec) -> None:
+        restarted.append(s.determinism)
+        running["mode"] = s.determinism
+
+    def outcomes(passes: set[str]):
+        return lambda s: SelfTestResult(running["mode"] in passes, 3, 4, "")
+
+    final, shown = prove_batching(
+        spec(), lambda: running["mode"], outcomes({"fixed_shape"}), restart
+    )
+    assert final.determinism == "fixed_shape" and not restarted
+    assert shown is not None and shown["mode"] == "fixed_shape" and "fallback" not in shown
+
+    running["mode"] = "fixed_shape"
+    final, shown = prove_batching(
+        spec(), lambda: running["mode"], outcomes({"batch_invariant"}), restart
+    )
+    assert final.determinism == "batch_invariant" and restarted == ["batch_invariant"]
+    assert shown is not None and shown["fallback"] == "batch_invariant"
+    assert shown["then"]["mode"] == "batch_invariant" and shown["then"]["passed"]
+
+    restarted.clear()
+    running["mode"] = "fixed_shape"
+    final, shown = prove_batching(spec(), lambda: running["mode"], outcomes(set()), restart)
+    assert final.determinism == "serialize" and restarted == ["batch_invariant", "serialize"]
+    assert shown is not None and shown["fallback"] == "serialize"
+    assert not shown["passed"] and not shown["then"]["passed"]
+
+
+def test_the_padded_head_answers_what_the_head_answers_at_any_row_count():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 2, bias=False).double()
+    padded = padded_rows(head, 8)
+    for n in (1, 3, 8, 9, 20):
+        x = torch.randn(n, 32, dtype=torch.float64)
+        got = padded(x)
+        assert got.shape == (n, 2) and torch.allclose(got, head(x))
+    # the head stays one parameter set (the pooler holds it as a child module)
+    assert [p.data_ptr() for p in padded.parameters()] == [head.weight.data_ptr()]
+
+
+def test_the_server_module_pads_vllms_head_in_the_engine_processes():
+    """In a fresh interpreter, as the engine starts: ``RMGATE_FIXED_HEAD_ROWS`` replaces the
+    sequence classifier head's forward; unset, vLLM's stays."""
+    code = (
+        "from deployments.engine import vllm_server;"
+        "from vllm.model_executor.layers.pooler.seqwise import heads as h;"
+        "print(getattr(h.ClassifierPoolerHead, '_rmgate_rows', None))"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != HEAD_ROWS_ENV}
+    unset = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    padded = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**env, HEAD_ROWS_ENV: "256"},
+        capture_output=True,
+        text=True,
+    )
+    assert unset.stdout.strip() == "None", unset.stderr[-2000:]
+    assert padded.stdout.strip() == "256", padded.stderr[-2000:]
