@@ -17,6 +17,7 @@ import typer
 from gateway.cli import elastic, top
 from gateway.cli.config_file import load_serve_config, render
 from gateway.cli.ledger import ledger_app
+from gateway.cli.sandbox import sandbox_app
 from gateway.core.config.scoring import GROUP_SCORER_TYPES
 
 app = typer.Typer(
@@ -92,6 +93,16 @@ def _sample_requests(url: str, cfg: dict[str, Any]) -> str:
             )
             body = '{"model": "%s", "items": [%s]}' % (program["name"], items)
             note = "a group's answers compared (details: the comparisons)"
+        elif any(
+            (c.get("rule") or {}).get("type") == "code_tests"
+            for c in program.get("components") or []
+        ):
+            body = (
+                '{"model": "%s", "items": [{"prompt": "Print twice the number read.", '
+                '"response": "```python\\nprint(int(input()) * 2)\\n```", '
+                '"label": {"inputs": ["2", "5"], "outputs": ["4", "10"]}}]}' % program["name"]
+            )
+            note = "the code run against the label's tests in a sandbox"
         else:
             body = (
                 '{"model": "%s", "items": [{"prompt": "3+4=", "response": "7", "label": "7"}]}'
@@ -146,6 +157,23 @@ def refuse_missing_paths(config: Path, cfg: dict[str, Any]) -> None:
         raise typer.Exit(2)
 
 
+def refuse_unsandboxed_code(config: Path, cfg: dict[str, Any]) -> None:
+    """Exit 2 with the fix when a ``code_tests`` rule's sandbox cannot run here (a real
+    probe run in each), before Ray starts: code is never run unsandboxed."""
+    from pydantic import ValidationError
+
+    from gateway.sandbox.errors import SandboxUnavailable
+    from gateway.serve.sandboxes import probe_serve_config
+
+    try:
+        probe_serve_config(cfg)
+    except ValidationError:
+        return  # an invalid config: render() names what is wrong next
+    except SandboxUnavailable as exc:
+        typer.echo(f"rmgate: {config}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def run_serve_config(
     config: Path,
     host: str | None,
@@ -174,6 +202,7 @@ def run_serve_config(
 
     cfg = load_serve_config(config)
     refuse_missing_paths(config, cfg)
+    refuse_unsandboxed_code(config, cfg)
     http = dict(cfg.get("http_options") or {})
     host_given = host is not None
     host = host or http.get("host", "127.0.0.1")
@@ -468,6 +497,7 @@ def check(
 
 
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(sandbox_app, name="sandbox")
 app.command("sleep")(elastic.sleep)
 app.command("wake")(elastic.wake)
 app.command("status")(elastic.status)

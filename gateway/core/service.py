@@ -25,7 +25,7 @@ from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.engine_access import Transport
 from gateway.core.routing.router import Router
 from gateway.core.routing.slots import SlotTable
-from gateway.core.scoring.base import RuleRunner
+from gateway.core.scoring.base import CodeRunner, RuleRunner
 from gateway.core.scoring.rewards import RewardScoring
 from gateway.core.vllm_api.endpoints import VllmEndpoints
 
@@ -40,13 +40,14 @@ class RewardService:
         slots: SlotTable | None = None,
         ledger: RewardLedger | None = None,
         rules: RuleRunner | None = None,
+        code: CodeRunner | None = None,
     ) -> None:
         self.config = config
         self.transport = transport
         self.router = Router(config, transport, slots, ledger)
         self.slots = self.router.slots
         self.vllm = VllmEndpoints(self.router)
-        self.scoring = RewardScoring(self.router, rules)
+        self.scoring = RewardScoring(self.router, rules, code)
         #: The API keys requests must carry (empty: auth is off).
         self.api_keys = config.gateway.load_api_keys()
         #: The keys that may also sleep, wake and scale (admin routes).

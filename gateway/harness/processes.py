@@ -47,6 +47,37 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command name (state first, then the
+    parent's pid); None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` still running (gone and zombies left out)."""
+    return [pid for pid in pids if (stat := _stat(pid)) is not None and stat[0] not in "ZX"]
+
+
+def descendants(roots: Iterable[int]) -> list[int]:
+    """Every running process under ``roots`` (children, theirs, ...): what a process
+    started, sandboxes included, whatever their environment."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(entry.name)) is not None:
+            if stat[0] not in "ZX":
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def vllm_servers(log_dir: Path | str) -> list[int]:
     """The vLLM server processes a gateway runs now (``RMGATE_LOG_DIR=log_dir`` is in the
     environment of everything it started): none once every slot sleeps."""

@@ -327,3 +327,34 @@ def forget_slot_up(model: str, slot: int) -> None:
         SLOT_UP.remove(model, str(slot))
     except KeyError:
         pass
+
+
+CODE_TESTS = Counter(
+    "rmgate_code_tests",
+    "Tests of code_tests rules run in a sandbox, by rule (program/component) and outcome "
+    "(passed, failed, timeout, runtime_error, memory_limit, output_limit, skipped)",
+    ["rule", "outcome"],
+    registry=REGISTRY,
+)
+CODE_RUN_SECONDS = Histogram(
+    "rmgate_code_run_seconds",
+    "One submission's sandbox run (all its tests), by rule, from its start (after the "
+    "wait for a free run)",
+    ["rule"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+CODE_WAIT_SECONDS = Histogram(
+    "rmgate_code_wait_seconds",
+    "Time a submission waited for a free run of its rule (`concurrency`)",
+    ["rule"],
+    buckets=QUEUE_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+CODE_FAILURES = Counter(
+    "rmgate_code_runs_failed",
+    "Submissions that got no verdicts, by rule and reason (timeout: the rule's timeout_s; "
+    "sandbox: the sandbox itself failed)",
+    ["rule", "reason"],
+    registry=REGISTRY,
+)

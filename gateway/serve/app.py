@@ -31,6 +31,7 @@ from gateway.serve.auditor import Auditor
 from gateway.serve.autoscaler import AutoscaleFeed
 from gateway.serve.canary import Canary
 from gateway.serve.labels import resolve_label_tokens, uses_rules
+from gateway.serve.sandboxes import start_code_sandboxes
 from gateway.serve.topology import (
     INGRESS_DEPLOYMENT,
     SLOT_DEPLOYMENT,
@@ -116,7 +117,12 @@ class IngressReplica:
             from gateway.rules.pool import RulePool  # pebble: only where a rule is served
 
             self.rules = RulePool(cfg.gateway.rule_workers)
-        self.service = RewardService(cfg, self.transport, self.slots, self.ledger, self.rules)
+        # code_tests rules run code in sandboxes (gateway.sandbox), each proved by a real run
+        # before the replica serves: never code run unsandboxed
+        self.code = start_code_sandboxes(cfg)
+        self.service = RewardService(
+            cfg, self.transport, self.slots, self.ledger, self.rules, self.code
+        )
         # re-answers a sample of what the ledger records on class mates (gateway.serve.auditor)
         self.auditor = Auditor(cfg, self.transport, self.slots, self.ledger)
         scaled = {m.name: m.autoscaling for m in cfg.models if m.autoscaling is not None}
@@ -172,6 +178,8 @@ class IngressReplica:
         finally:
             if self.rules is not None:
                 await asyncio.to_thread(self.rules.close)
+            if self.code is not None:
+                await self.code.close()
 
     async def _forget_drifted(self, model: str, slot: int, numerics_class: str) -> None:
         """A slot's numerics drifted: what it recorded in its old class is no longer

@@ -62,6 +62,9 @@ class Auditor:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.settings = config.gateway.audit
+        #: Rows of these are engine answers a class mate can re-answer (not rule results,
+        #: such as a code_tests rule's, recorded under a name of their own).
+        self.served = frozenset(m.name for m in config.models)
         self.transport = transport
         self.slots = slots
         self.ledger = ledger
@@ -95,7 +98,7 @@ class Auditor:
     # ---- sampling -----------------------------------------------------------------------
     def offer(self, row: LedgerRow) -> None:
         """A freshly recorded row: queued when it is in the sample (never blocks)."""
-        if row.status != 200 or set_aside(row.numerics_class):
+        if row.status != 200 or set_aside(row.numerics_class) or row.model not in self.served:
             return
         if not sampled(row.identity, self.settings.sample):
             return

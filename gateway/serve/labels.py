@@ -79,4 +79,8 @@ def resolve_label_tokens(config: AppConfig) -> AppConfig:
 
 
 def uses_rules(config: AppConfig) -> bool:
-    return any(c.rule is not None for p in config.programs for c in p.components)
+    return any(
+        c.rule is not None and c.rule.type != "code_tests"
+        for p in config.programs
+        for c in p.components
+    )

@@ -44,7 +44,13 @@ import pytest
 
 from deployments.engine.ports import listening_table, socket_inodes  # noqa: E402
 from deployments.engine.process import free_port
-from gateway.harness.processes import processes_with_env, stop_process_group, wait_until_gone
+from gateway.harness.processes import (
+    alive,
+    descendants,
+    processes_with_env,
+    stop_process_group,
+    wait_until_gone,
+)
 from gateway.harness.running import printed_line, wait_until_serving
 
 pytestmark = pytest.mark.integration
@@ -783,6 +789,149 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     assert [r.headers["x-rmgate-cache"] for r in hits] == ["hit"] * len(calls)
     assert [r.content for r in hits] == [r.content for r in fresh]
     print(f"\nledger: {len(flushed)} rows flushed before the kill, {len(kept)} after it")
+
+
+def _bwraps(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if b"bwrap" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_code_rewards_run_sandboxed_beside_the_models_and_die_with_the_ingress(demo):
+    """The demo's ``code`` program (a ``code_tests`` rule in a bubblewrap sandbox):
+
+    * right, wrong, crashing, looping, forking, hogging and flooding submissions are
+      scored with each test's outcome;
+    * a GRPO group of 16 identical submissions runs once (the rest shared or from the
+      ledger);
+    * while 24 bad submissions (fork bombs, loops, 10 GB allocations, 100 MB of output)
+      run, DisRM requests answer the same bytes as before (their latency printed);
+    * ``kill -9`` of the ingress mid-run leaves no sandboxed process behind."""
+    import signal
+    import statistics
+
+    label = {"inputs": ["2\n", "5\n", "7\n"], "outputs": ["4", "10", "14"]}
+
+    def item(code: str) -> dict:
+        return {"prompt": "double it", "response": f"```python\n{code}\n```", "label": label}
+
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    codes = {
+        "right": "print(int(input()) * 2)",
+        "wrong": "print(4)",
+        "crash": "raise ValueError('no')",
+        "loop": "while True:\n    pass",
+        "bomb": bomb,
+        "hog": "x = bytearray(10 * 1024 ** 3)",
+        "flood": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+    }
+    r = httpx.post(
+        demo.url + "/v1/rewards",
+        json={"model": "code", "items": [item(c) for c in codes.values()]},
+        timeout=600,
+    )
+    assert r.status_code == 200, r.text
+    got = dict(zip(codes, r.json()["rewards"], strict=True))
+    outcomes = {
+        name: d["components"][0]["tests"]["counts"]
+        for name, d in zip(codes, r.json()["details"], strict=True)
+    }
+    assert got["right"] == 1.0 and abs(got["wrong"] - 1 / 3) < 1e-12, (got, outcomes)
+    assert outcomes["crash"] == {"runtime_error": 3}
+    assert outcomes["loop"] == {"timeout": 3} and outcomes["bomb"] == {"timeout": 3}
+    assert outcomes["hog"] == {"memory_limit": 3} and outcomes["flood"] == {"output_limit": 3}
+
+    group = [item("n = int(input())\nprint(n + n)")] * 16
+    g = httpx.post(demo.url + "/v1/rewards", json={"model": "code", "items": group}, timeout=600)
+    assert g.status_code == 200 and g.json()["rewards"] == [1.0] * 16, g.text
+    caches = [d["components"][0].get("cache") for d in g.json()["details"]]
+    assert caches.count("miss") == 1 and set(caches) <= {"miss", "shared", "hit"}, caches
+
+    disrm = [{"model": "rm", "input": f"{a}+{a}={2 * a}"} for a in range(8)]
+
+    async def classify_all(client: httpx.AsyncClient) -> tuple[list[bytes], list[float]]:
+        bodies, times = [], []
+        for body in disrm:
+            started = time.monotonic()
+            one = await client.post("/classify", json=body, headers={"x-rmgate-cache": "off"})
+            times.append(time.monotonic() - started)
+            assert one.status_code == 200, one.text
+            bodies.append(one.content)
+        return bodies, times
+
+    async def under_bad_code() -> tuple[tuple, tuple]:
+        async with httpx.AsyncClient(timeout=600, base_url=demo.url) as client:
+            quiet = await classify_all(client)
+            bad = [item(codes[n]) for n in ("bomb", "loop", "hog", "flood", "bomb", "loop")]
+            load = asyncio.gather(
+                *(client.post("/v1/rewards", json={"model": "code", "items": [b]}) for b in bad * 4)
+            )
+            await asyncio.sleep(0.5)
+            busy = await classify_all(client)
+            answered = await load
+            assert all(a.status_code == 200 for a in answered), [a.text for a in answered][:2]
+            return quiet, busy
+
+    quiet, busy = asyncio.run(under_bad_code())
+    assert busy[0] == quiet[0]  # the same bytes while bad code runs beside them
+    print(
+        f"\nDisRM latency: median {statistics.median(quiet[1]) * 1000:.0f} ms alone, "
+        f"{statistics.median(busy[1]) * 1000:.0f} ms beside 24 bad submissions",
+        flush=True,
+    )
+
+    # kill -9 of the ingress while a sandbox runs
+    victims = ingress_pids(demo.marker)
+    assert victims, "no ingress replica process found"
+    slow = item("import time\ntime.sleep(3.5)\nprint(int(input()) * 2)")
+
+    async def kill_mid_run() -> list[int]:
+        async with httpx.AsyncClient(timeout=600, base_url=demo.url) as client:
+            request = asyncio.ensure_future(
+                client.post(
+                    "/v1/rewards",
+                    json={"model": "code", "items": [slow]},
+                    headers={"x-rmgate-cache": "off"},
+                )
+            )
+            sandboxed: list[int] = []
+            deadline = time.monotonic() + 60
+            while not _bwraps(sandboxed) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                sandboxed = descendants(victims)
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            await asyncio.gather(request, return_exceptions=True)
+            return sandboxed
+
+    sandboxed = asyncio.run(kill_mid_run())
+    assert _bwraps(sandboxed), "no sandbox was seen running"
+    deadline = time.monotonic() + 20
+    while alive(sandboxed):
+        assert time.monotonic() < deadline, f"left behind: {alive(sandboxed)}"
+        time.sleep(0.2)
+    # the restarted ingress serves code rewards again
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            again = httpx.post(
+                demo.url + "/v1/rewards",
+                json={"model": "code", "items": [item(codes["right"])]},
+                timeout=60,
+            )
+            if again.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the ingress did not come back"
+        time.sleep(1.0)
+    assert again.json()["rewards"] == [1.0]
 
 
 def teardown_module() -> None:

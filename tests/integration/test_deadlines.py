@@ -24,6 +24,10 @@ from tests.integration.stalls import (
 
 pytestmark = pytest.mark.integration
 
+# an engine request generating fewer tokens than this was stopped: unstopped, the judge
+# request of ``long_judge_request_then_leave`` generates 8 x ~1,000
+EARLY_TOKENS = 7000
+
 SLOT_APPS = {
     "judge-0": "/v1/chat/completions",
     "judge-1": "/v1/chat/completions",
@@ -88,9 +92,11 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
     engine stops generating long before 8,000 tokens. Closing a connection is not a sure
     signal on this saturated host, at any hop: about 1 close in 20 is missed, at HAProxy,
     Serve's direct ingress or vLLM's server (``benchmarks/disconnects.py``); the request's
-    deadline still ends the gateway's wait. So: up to six attempts; at least one disconnect
-    noticed and counted, at least two engine requests stopped early, and nothing running at
-    the end."""
+    deadline still ends the gateway's wait, a few seconds later. So: up to six attempts; at
+    least one disconnect noticed and counted, at least two engine requests stopped well short
+    of the 8,000 tokens an unstopped one generates (under 7,000: stopped by the disconnect or
+    by the deadline; how many tokens fit before the deadline depends on the host's speed),
+    and nothing running at the end."""
     url, _ = gateway
     ports = [engine_port(_engines(), f"judge-{s}") for s in (0, 1)]
 
@@ -105,12 +111,12 @@ def test_a_client_that_disconnects_aborts_its_engine_request(gateway):
         before = generated()
         long_judge_request_then_leave(url, 70 + attempt, 4, 1.5)
         stopped = until_quiet(generated, 20)
-        (early if 0 < stopped - before < 4000 else late).append(stopped - before)
+        (early if 0 < stopped - before < EARLY_TOKENS else late).append(stopped - before)
         noticed = metric_total(url, "rmgate_client_disconnects_total") - disconnects
         if noticed >= 1 and len(early) >= 2:
             break
     assert noticed >= 1, "no client disconnect was noticed"
-    assert len(early) >= 2, (early, late)  # tokens per attempt: 8,000 when not aborted
+    assert len(early) >= 2, (early, late)  # tokens per attempt: ~8,000 when not aborted
     # nothing left running: the last abort may land after the token count held still
     assert eventually(
         lambda: sum(engine_metric(p, "vllm:num_requests_running") for p in ports) == 0, 20

@@ -19,6 +19,8 @@ around a longer circle). The layers, bottom to top (docs/architecture.md, "Layou
 * ``gateway.transport``: reaching engines (slot directory, engine clients, the transport).
 * ``gateway.ledger``: the reward ledger's stores and its writer (SQLite, PostgreSQL).
 * ``gateway.rules``: the rule checks and the process pool that runs them.
+* ``gateway.sandbox``: code sandboxes of ``code_tests`` rules (bwrap, Sandbox Fusion), the
+  harness that runs inside them, ``rmgate sandbox serve``'s app.
 * ``gateway.http``: the FastAPI app, the route table, the hot path, auth, errors, headers.
 * ``deployments.engine`` / ``deployments.demo``: the vLLM process, its arguments, self-test,
   fingerprint; the demo models. The engine side: only the pure core below it.
@@ -116,6 +118,10 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
         }
         | NEVER,
     ),
+    "gateway.sandbox": (
+        ALL_CORE | {"gateway.observability"},
+        {"ray", "aiohttp", "vllm", "torch", "transformers", "typer"} | NEVER,
+    ),
     "gateway.http": (
         ALL_CORE | {"gateway.observability"},
         {"ray", "aiohttp", "httpx", "vllm", "torch", "typer"} | NEVER,
@@ -155,6 +161,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
             "gateway.transport",
             "gateway.ledger",
             "gateway.rules",
+            "gateway.sandbox",
             "gateway.http",
             "deployments.engine",
             "deployments.slot",
@@ -168,6 +175,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
             "gateway.transport",
             "gateway.ledger",
             "gateway.rules",
+            "gateway.sandbox",
             "gateway.http",
             "gateway.serve",
             "gateway.client",

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gateway.core.config.code_rules import CodeTestsRule
+
 #: The ways a ``judge_text`` scorer reads a score from the judge's text
 #: (``gateway.core.scoring.judge_parsers``).
 ParserName = Literal["last_int", "last_float", "boxed", "regex", "yes_no"]
@@ -396,7 +398,7 @@ class LengthPenaltyRule(_Rule):
 
 
 RuleSpec = Annotated[
-    ExactMatchRule | RegexRule | NumericRule | MathVerifyRule | LengthPenaltyRule,
+    ExactMatchRule | RegexRule | NumericRule | MathVerifyRule | LengthPenaltyRule | CodeTestsRule,
     Field(discriminator="type"),
 ]
 

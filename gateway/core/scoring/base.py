@@ -55,7 +55,21 @@ class RuleCall:
     timeout_s: float
 
 
-Call = EngineCall | RuleCall
+@dataclass(frozen=True)
+class CodeCall:
+    """A submission run in a code sandbox (``gateway.sandbox``) by the rule ``rule``
+    (``program/component``): ``submission`` is what the sandbox runs
+    (``gateway.core.scoring.code_tests.submission``)."""
+
+    rule: str
+    submission: dict[str, Any]
+    timeout_s: float
+    #: Whether the result may be recorded and answered from the ledger (the rule's
+    #: ``deterministic``).
+    recorded: bool = True
+
+
+Call = EngineCall | RuleCall | CodeCall
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,20 @@ class Scorer(Protocol):
 
     def read(self, item: RewardInput, answers: list[Any]) -> Score:
         """The score from the calls' answers (parsed JSON bodies / rule values)."""
+        ...
+
+
+class CodeRunner(Protocol):
+    """Runs code submissions in sandboxes (``gateway.sandbox.runner.CodeSandboxes``)."""
+
+    def identity(self, rule: str) -> str:
+        """What decides the rule's verdicts besides the submission (its sandbox's
+        versions): the class its results are recorded under."""
+        ...
+
+    async def run(self, call: CodeCall, timeout_s: float) -> list[dict[str, Any]]:
+        """One verdict per test; ``RuleCheckFailed`` (``timeout``, ``sandbox``) when the
+        sandbox gave none."""
         ...
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gateway.core.config.code_rules import CodeTestsRule
 from gateway.core.config.settings import AppConfig
 from gateway.core.scoring.base import Scorer
+from gateway.core.scoring.code_tests import CodeTestsScorer
 from gateway.core.scoring.group_scorers import GroupScorer, ListwiseScorer, PairwiseScorer
 from gateway.core.scoring.model_scorers import (
     ExpectedRatingScorer,
@@ -41,7 +43,11 @@ def model_scorer(spec: Any, model: str, truncation_side: str = "right") -> Score
     return MODEL_SCORERS[spec.type](spec, model, truncation_side)
 
 
-def rule_scorer(spec: Any) -> Scorer:
+def rule_scorer(spec: Any, rule: str) -> Scorer:
+    """A rule component's scorer; ``rule`` (``program/component``) names it to the code
+    sandboxes."""
+    if isinstance(spec, CodeTestsRule):
+        return CodeTestsScorer(spec, rule)
     return RuleScorer(spec)
 
 
@@ -59,7 +65,7 @@ class Scorers:
             for comp in program.components:
                 scorer: Scorer | GroupScorer
                 if comp.rule is not None:
-                    scorer = rule_scorer(comp.rule)
+                    scorer = rule_scorer(comp.rule, f"{program.name}/{comp.name}")
                 else:
                     spec = config.model(comp.model or "")
                     assert spec is not None  # AppConfig checked it

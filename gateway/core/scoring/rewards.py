@@ -26,19 +26,30 @@ from gateway.core.api.errors import (
     ScoreUnreadable,
 )
 from gateway.core.api.parsing import parse_json_object, validate
-from gateway.core.api.results import ComponentFailure, GatewayResult, Route, key_hex
+from gateway.core.api.results import ComponentFailure, EngineReply, GatewayResult, Route, key_hex
 from gateway.core.api.schemas import GetRewardRequest, Label, RewardItem, RewardsRequest
 from gateway.core.config.scoring import ComponentSpec, ProgramSpec
 from gateway.core.config.settings import ModelSpec
 from gateway.core.ledger_policy.identity import group_row_identity
+from gateway.core.ledger_policy.reuse import Ask, cache_decision
 from gateway.core.ledger_policy.row import GroupRow
 from gateway.core.routing.concurrency import all_or_cancel
 from gateway.core.routing.deadline import Deadline
 from gateway.core.routing.keys import group_key
 from gateway.core.routing.placement import Placement
 from gateway.core.routing.router import EngineRequest, Router
-from gateway.core.scoring.base import EngineCall, RewardInput, RuleCall, RuleRunner, Score, Scorer
+from gateway.core.scoring.base import (
+    CodeCall,
+    CodeRunner,
+    EngineCall,
+    RewardInput,
+    RuleCall,
+    RuleRunner,
+    Score,
+    Scorer,
+)
 from gateway.core.scoring.chat_text import prompt_text, response_text
+from gateway.core.scoring.code_tests import CODE_ENDPOINT, CODE_MODEL, canonical, timing_dependent
 from gateway.core.scoring.group_scorers import GroupScorer, MemberScore, is_group_scorer
 from gateway.core.scoring.groups import CanonicalGroup, canonical_group, item_identity
 from gateway.core.scoring.programs import ComponentScore, apply_transform, combine
@@ -107,12 +118,16 @@ GENERATIVE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 class RewardScoring:
     """What scores rewards: the router, every scorer the config names (built once, not
-    per request), and the rule pool (None: no program has a rule component)."""
+    per request), the rule pool (None: no program has a rule component) and the code
+    sandboxes (None: no program has a ``code_tests`` rule)."""
 
-    def __init__(self, router: Router, rules: RuleRunner | None = None) -> None:
+    def __init__(
+        self, router: Router, rules: RuleRunner | None = None, code: CodeRunner | None = None
+    ) -> None:
         self.router = router
         self.scorers = Scorers(router.config)
         self.rules = rules
+        self.code = code
 
     async def rewards(
         self, raw: bytes, deadline: Deadline | None = None, use_cache: bool | None = None
@@ -220,6 +235,46 @@ class RewardScorer:
         except TimeoutError:
             raise self.deadline.exceeded("running a rule check") from None
 
+    async def _code(self, call: CodeCall) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """A submission's verdicts, and where they came from (its receipt, the cache):
+        from the ledger when an identical submission's result is recorded, shared with an
+        identical one in flight, else run in the rule's sandbox (recorded unless a test
+        came near its limits), all within the request's deadline."""
+        code = self.scoring.code
+        if code is None:
+            raise RuleCheckFailed("no code sandbox is running in this gateway", reason="sandbox")
+        reuse = self.router.reuse
+        try:
+            async with asyncio.timeout(self.deadline.remaining()):
+                if reuse is None or not call.recorded:
+                    return await code.run(call, call.timeout_s), {}
+                sandbox = code.identity(call.rule)
+
+                async def run() -> tuple[Route, EngineReply]:
+                    verdicts = await code.run(call, call.timeout_s)
+                    named = None if timing_dependent(verdicts) else sandbox
+                    body = json.dumps({"tests": verdicts}, sort_keys=True).encode()
+                    return Route(0, 0, 0, None, named), EngineReply(200, body, None, 0, named)
+
+                ask = Ask(
+                    CODE_MODEL,
+                    CODE_ENDPOINT,
+                    canonical(call.submission),
+                    0,
+                    sandbox,
+                    cacheable=cache_decision(self.router.settings.cache, self.use_cache),
+                )
+                route, reply = await reuse.answer(ask, run)
+        except TimeoutError:
+            raise self.deadline.exceeded("running code tests") from None
+        detail: dict[str, Any] = {}
+        if route.receipt:
+            detail["receipt"] = route.receipt
+        if route.cache:
+            detail["cache"] = route.cache
+        verdicts: list[dict[str, Any]] = json.loads(reply.body)["tests"]
+        return verdicts, detail
+
     async def _run(
         self, scorer: Scorer, item: RewardInput
     ) -> tuple[Score, tuple[Route, ...], dict[str, Any]]:
@@ -233,6 +288,9 @@ class RewardScorer:
                 answer, route, route_detail = await self._engine(call, item)
                 answers.append(answer)
                 routes.append(route)
+            elif isinstance(call, CodeCall):
+                verdicts, route_detail = await self._code(call)
+                answers.append(verdicts)
             else:
                 answers.append(await self._rule(call))
         return scorer.read(item, answers), tuple(routes), route_detail
