@@ -10,6 +10,7 @@ sandbox under the limits it asks for (``run_timeout``: wall and CPU seconds,
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -77,7 +78,7 @@ def fusion_app(
             "code": request.code,
             "tests": [{"input": request.stdin or "", "output": ""}],
             "limits": {
-                "cpu_s": request.run_timeout,
+                "cpu_s": max(1, math.ceil(request.run_timeout)),
                 "wall_s": request.run_timeout,
                 "memory_mb": memory,
                 "output_bytes": output_bytes,

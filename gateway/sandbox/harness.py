@@ -67,6 +67,7 @@ def outputs_match(actual: str, expected: str, how: str) -> bool:
 def classify(
     *,
     timed_out: bool,
+    cpu_out: bool = False,
     returncode: int,
     stdout: str,
     stderr_tail: str,
@@ -75,8 +76,10 @@ def classify(
     compare: str,
 ) -> str:
     """A finished test's outcome from what its process left (the same rules for every
-    backend)."""
-    if timed_out or returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+    backend). ``timed_out``: killed at its wall limit; ``cpu_out``: it used its whole CPU
+    limit (then the kernel's SIGKILL at the hard limit is a timeout, any other SIGKILL,
+    such as the out-of-memory killer's, a runtime error)."""
+    if timed_out or returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and cpu_out):
         return "timeout"
     if output_over or returncode == -signal.SIGXFSZ:
         return "output_limit"
@@ -93,7 +96,7 @@ def classify(
 
 def _limit(limits: dict[str, Any]) -> None:
     """The test process's limits (run in it before its program starts)."""
-    cpu = max(1, int(limits["cpu_s"] + 0.999))
+    cpu = int(limits["cpu_s"])  # whole seconds, as RLIMIT_CPU counts them
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     memory = limits["memory_mb"] << 20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -189,6 +192,7 @@ def run_test(index: int, spec: dict[str, Any], test: dict[str, Any]) -> dict[str
     err = _tail(f"{here}/stderr")
     outcome = classify(
         timed_out=timed_out,
+        cpu_out=cpu >= limits["cpu_s"],
         returncode=returncode,
         stdout=out,
         stderr_tail=err,

@@ -39,7 +39,7 @@ from gateway.sandbox.runner import CodeSandboxes, code_rules
 from tests.unit.test_rewards import CONFIG, JudgeTransport
 
 LIMITS = {
-    "cpu_s": 1.0,
+    "cpu_s": 1,
     "wall_s": 3.0,
     "memory_mb": 256,
     "output_bytes": 1 << 20,
@@ -104,7 +104,7 @@ def test_the_identity_covers_code_tests_and_limits():
     spec = CodeTestsRule()
     base = submission(spec, "print(1)", [{"input": "", "output": "1"}])
     assert base == submission(CodeTestsRule(), "print(1)", [{"input": "", "output": "1"}])
-    tighter = CodeTestsRule(limits={"cpu_s": 0.5})
+    tighter = CodeTestsRule(limits={"cpu_s": 1})
     assert submission(tighter, "print(1)", [{"input": "", "output": "1"}]) != base
     with pytest.raises(ValidationError, match="below limits.cpu_s"):
         CodeTestsRule(limits={"cpu_s": 5, "wall_s": 2})

@@ -18,8 +18,11 @@ class SandboxLimits(BaseModel):
     """Limits of one test's run (every test of a submission gets its own)."""
 
     model_config = ConfigDict(extra="forbid")
-    cpu_s: float = Field(
-        default=2.0, gt=0, le=60, description="CPU seconds per test (`RLIMIT_CPU`): `timeout`."
+    cpu_s: int = Field(
+        default=2,
+        ge=1,
+        le=60,
+        description="CPU seconds per test (`RLIMIT_CPU`, whole seconds): `timeout`.",
     )
     wall_s: float = Field(
         default=4.0,
