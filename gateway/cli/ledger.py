@@ -183,6 +183,7 @@ def replay(
     from rich.progress import Progress
 
     from gateway.client import ledger_replay as lr
+    from gateway.core.scoring.code_tests import CODE_ENDPOINT
 
     store = open_ledger_store(db, config)
     group_rows: list = []
@@ -196,7 +197,15 @@ def replay(
             missing = {r for r, row in found.items() if row is None}
             rows = lr.pick((row for row in found.values() if row is not None), sample)
         else:
-            rows = lr.pick(store.rows(model=model, since=parse_since(since)), sample)
+            # engine answers only: a code_tests rule's recorded results are no engine request
+            rows = lr.pick(
+                (
+                    row
+                    for row in store.rows(model=model, since=parse_since(since))
+                    if row.endpoint != CODE_ENDPOINT
+                ),
+                sample,
+            )
     finally:
         store.close()
     if not rows:

@@ -331,7 +331,7 @@ class Auditor:
             lambda: [
                 r
                 for r in ledger.store.rows(model=model, since=since)
-                if r.status == 200 and not set_aside(r.numerics_class)
+                if r.status == 200 and not set_aside(r.numerics_class) and r.model in self.served
             ]
         )
         if len(rows) > sample:

@@ -33,6 +33,7 @@ from gateway.core.service import RewardService
 from gateway.harness.processes import alive, descendants
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
+from gateway.observability import metrics
 from gateway.sandbox.harness import outputs_match
 from gateway.sandbox.local import LocalBackend
 from gateway.sandbox.runner import CodeSandboxes, code_rules
@@ -311,6 +312,10 @@ PROGRAMS = [
         ],
     },
     {
+        "name": "code_fresh",
+        "components": [{"name": "tests", "rule": {"type": "code_tests", "deterministic": False}}],
+    },
+    {
         "name": "code_strict",
         "components": [
             {
@@ -493,3 +498,15 @@ def test_the_remote_backend_gives_the_local_ones_verdicts(fusion_url):
         ["memory_limit", "memory_limit"],
         ["passed", "failed"],
     ]
+
+
+async def test_a_non_deterministic_rule_runs_every_submission(gateway):
+    client, _ = gateway
+    runs = metrics.CODE_RUN_SECONDS.labels("code_fresh/tests")
+    before = runs._sum.get(), sum(b.get() for b in runs._buckets)
+    items = [_item("print(int(input()) * 2)")] * 3
+    for _ in range(2):
+        r = await client.post("/v1/rewards", json={"model": "code_fresh", "items": items})
+        assert r.status_code == 200 and r.json()["rewards"] == [1.0] * 3, r.text
+        assert all("cache" not in d["components"][0] for d in r.json()["details"])
+    assert sum(b.get() for b in runs._buckets) - before[1] == 6  # 2 requests x 3 items
