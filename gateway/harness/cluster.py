@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.engine.process import free_port
+from deployments.engine.ports import fixed_port
 from gateway.harness.processes import end_leftovers, processes_with_env, stop_process_group
 from gateway.harness.running import REPO, wait_until_serving
 
@@ -202,7 +202,7 @@ def rmgate_on_cluster(
     With ``--proxy-location HeadOnly``: these nodes share one address, so a proxy per node
     would bind the same port on it (the kernel then splits connections between the head's
     proxy and a worker's, and losing the worker drops the connections it held)."""
-    port = free_port()
+    port = fixed_port("127.0.0.1")  # bound later by Serve: outside the ephemeral range
     log = workdir / f"serve-{port}.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(

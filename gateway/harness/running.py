@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from deployments.engine.process import free_port
+from deployments.engine.ports import fixed_port
 from gateway.harness.processes import stop_process_group, wait_until_gone
 
 #: The checkout (or, installed, the folder holding the packages): ``rmgate serve`` runs there.
@@ -110,7 +110,7 @@ def running_gateway(
 ) -> Iterator[tuple[str, Path]]:
     """``rmgate serve CONFIG`` on a free port: yields (url, engine log dir); always stops
     it and checks that nothing it started is left."""
-    port = free_port()
+    port = fixed_port("127.0.0.1")  # bound minutes later: outside the ephemeral range
     workdir.mkdir(parents=True, exist_ok=True)
     log, engines = workdir / "serve.log", workdir / "engines"
     shutil.rmtree(engines, ignore_errors=True)  # a reused workdir must not show old engines

@@ -58,7 +58,7 @@ def start(config: pytest.Config) -> SessionGateway:
     """The session gateway, started once per session (the stashed one after that)."""
     if STARTED in config.stash:
         return config.stash[STARTED]
-    from deployments.engine.process import free_port
+    from deployments.engine.ports import fixed_port
     from gateway.harness.postgres import ThrowawayPostgres
 
     postgres = ThrowawayPostgres()  # in the system's temp dir: the postgres user reaches it
@@ -70,7 +70,9 @@ def start(config: pytest.Config) -> SessionGateway:
         else Path(__import__("tempfile").mkdtemp(prefix="rmgate-session-"))
     )
     log = root / "serve.log"
-    port, direct_port = free_port(), free_port()
+    # bound later by Serve and the ingress: outside the ephemeral range, where no outgoing
+    # connection can take them meanwhile
+    port, direct_port = fixed_port("127.0.0.1"), fixed_port("127.0.0.1")
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",

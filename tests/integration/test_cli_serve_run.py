@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deployments.demo.training import sum_items
+from deployments.engine.ports import fixed_port
 from gateway.client import RewardClient
 from gateway.harness.processes import engine_launcher_pid
 from tests.integration.conftest import (
     REPO,
-    free_port,
     stop_process_group,
     wait_until_gone,
     wait_until_serving,
@@ -47,7 +47,7 @@ def serve_run(demo_models, tmp_path_factory):
     """(url, engine log dir) of ``serve run`` on rm x2 and a self-tested batching
     rm-probed x1, auth on, failover next_slot."""
     tmp = tmp_path_factory.mktemp("serve-run")
-    port = free_port()
+    port = fixed_port("127.0.0.1")  # bound later by Serve: outside the ephemeral range
     config = {
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [

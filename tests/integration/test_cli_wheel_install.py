@@ -42,8 +42,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments.engine.ports import listening_table, socket_inodes  # noqa: E402
-from deployments.engine.process import free_port
+from deployments.engine.ports import fixed_port, listening_table, socket_inodes  # noqa: E402
 from gateway.harness.processes import (
     alive,
     descendants,
@@ -440,7 +439,7 @@ def demo(venv, tmp_path_factory) -> Iterator[Demo]:
     cwd.mkdir()
     marker = str(tmp / "engines")  # every process the demo starts inherits it
     env = clean_env(venv, HOME=str(home), RMGATE_LOG_DIR=marker)
-    port = free_port()
+    port = fixed_port("127.0.0.1")  # bound later by Serve: outside the ephemeral range
     url = f"http://127.0.0.1:{port}"
     log = tmp / "demo.log"
     start = time.monotonic()
