@@ -78,17 +78,22 @@ def descendants(roots: Iterable[int]) -> list[int]:
     return found
 
 
-def vllm_servers(log_dir: Path | str) -> list[int]:
-    """The vLLM server processes a gateway runs now (``RMGATE_LOG_DIR=log_dir`` is in the
-    environment of everything it started): none once every slot sleeps."""
+def running(pids: Iterable[int], command: bytes) -> list[int]:
+    """Those of ``pids`` whose command line holds ``command``."""
     out = []
-    for pid in processes_with_env(f"RMGATE_LOG_DIR={log_dir}"):
+    for pid in pids:
         try:
-            if b"vllm_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if command in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
         except OSError:
             continue
     return out
+
+
+def vllm_servers(log_dir: Path | str) -> list[int]:
+    """The vLLM server processes a gateway runs now (``RMGATE_LOG_DIR=log_dir`` is in the
+    environment of everything it started): none once every slot sleeps."""
+    return running(processes_with_env(f"RMGATE_LOG_DIR={log_dir}"), b"vllm_server")
 
 
 def engine_launcher_pid(port: int | str) -> int:

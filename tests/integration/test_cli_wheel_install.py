@@ -34,7 +34,7 @@ import sysconfig
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ from gateway.harness.processes import (
     alive,
     descendants,
     processes_with_env,
+    running,
     stop_process_group,
     wait_until_gone,
 )
@@ -765,15 +766,7 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     assert flushed <= kept
     # the restarted ingress (Serve replaces the replica) answers hits from the file
     deadline = time.monotonic() + 180
-    while True:
-        try:
-            again = httpx.post(demo.url + "/classify", json=disrm[0], timeout=30)
-            if again.status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the ingress did not come back"
-        time.sleep(1.0)
+    until_answered(lambda: httpx.post(demo.url + "/classify", json=disrm[0], timeout=30))
     assert not set(ingress_pids(demo.marker)) & set(victims)
     # a new ingress learns its slots' classes in its first seconds (until then a request
     # goes to an engine: nothing to name it by); then the file answers
@@ -790,15 +783,18 @@ def test_the_ledger_answers_repeats_once_and_survives_kill_9(demo):
     print(f"\nledger: {len(flushed)} rows flushed before the kill, {len(kept)} after it")
 
 
-def _bwraps(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
+def until_answered(post: Callable[[], httpx.Response], timeout_s: float = 180) -> httpx.Response:
+    """``post()``'s first 200 answer, retried while the ingress restarts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            if b"bwrap" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
+            answer = post()
+            if answer.status_code == 200:
+                return answer
+        except httpx.HTTPError:
             pass
-    return out
+        assert time.monotonic() < deadline, "the ingress did not come back"
+        time.sleep(1.0)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -903,10 +899,10 @@ def test_code_rewards_run_sandboxed_beside_the_models_and_die_with_the_ingress(d
             )
             sandboxed: list[int] = []
             deadline = time.monotonic() + 60
-            while not _bwraps(sandboxed) and time.monotonic() < deadline:
+            while not running(sandboxed, b"bwrap") and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
                 sandboxed = descendants(victims)
-            seen = _bwraps(sandboxed)
+            seen = running(sandboxed, b"bwrap")
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
             await asyncio.gather(request, return_exceptions=True)
@@ -919,20 +915,13 @@ def test_code_rewards_run_sandboxed_beside_the_models_and_die_with_the_ingress(d
         assert time.monotonic() < deadline, f"left behind: {alive(sandboxed)}"
         time.sleep(0.2)
     # the restarted ingress serves code rewards again
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            again = httpx.post(
-                demo.url + "/v1/rewards",
-                json={"model": "code", "items": [item(codes["right"])]},
-                timeout=60,
-            )
-            if again.status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the ingress did not come back"
-        time.sleep(1.0)
+    again = until_answered(
+        lambda: httpx.post(
+            demo.url + "/v1/rewards",
+            json={"model": "code", "items": [item(codes["right"])]},
+            timeout=60,
+        )
+    )
     assert again.json()["rewards"] == [1.0]
 
 

@@ -30,7 +30,7 @@ from gateway.core.scoring.code_tests import (
     submission,
 )
 from gateway.core.service import RewardService
-from gateway.harness.processes import alive, descendants
+from gateway.harness.processes import alive, descendants, running
 from gateway.http.app import create_app
 from gateway.ledger.ledger import Ledger
 from gateway.observability import metrics
@@ -251,16 +251,7 @@ def test_bombs_loops_floods_and_hogs_end_at_their_limits(backend):
 def _in_sandboxes() -> list[int]:
     """The processes of the sandboxes this test process started: its bwrap children and
     everything under them."""
-    bwraps = []
-    for pid in descendants([os.getpid()]):
-        try:
-            if (
-                Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"/")
-                and b"bwrap" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-            ):
-                bwraps.append(pid)
-        except OSError:
-            pass
+    bwraps = running(descendants([os.getpid()]), b"bwrap")
     return sorted(set(bwraps) | set(descendants(bwraps)))
 
 
