@@ -143,6 +143,9 @@ class Layout:
     #: replicas are the layout's; ``--ingress-replicas`` overrides only when given)
     config: str = ""
     ingress_replicas: int = 1
+    #: phases run before the gateway starts, alone on the GPU (the framework anchor of a
+    #: model whose engines leave no room for a second copy of its weights)
+    before_gateway: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def _core(
@@ -190,6 +193,13 @@ def _tp(
     )
 
 
+def role(mode: str) -> str:
+    """The benchmark's name for a determinism mode: ``off`` and ``serialize`` as they are,
+    every batching deterministic mode (``auto``, ``batch_invariant``, ``fixed_shape``) is
+    ``auto``, the paths ``engine_auto`` / ``rmgate_auto`` / ``rmgate_direct``."""
+    return mode if mode in ("off", "serialize") else "auto"
+
+
 def shipped_models(config: str) -> tuple[dict[str, Model], int]:
     """The models of a shipped config as the benchmark's ``<kind>-auto`` models (its judge
     is ``grm``, its DisRM ``rm``) with the config's slots, engine arguments and environment,
@@ -201,7 +211,7 @@ def shipped_models(config: str) -> tuple[dict[str, Model], int]:
         kind = "grm" if spec["kind"] == "generative" else "rm"
         ea = dict(spec.get("engine_args") or {})
         out[kind] = Model(
-            f"{kind}-{spec.get('determinism', 'auto')}",
+            f"{kind}-{role(spec.get('determinism', 'auto'))}",
             kind,
             spec.get("determinism", "auto"),
             slots=int(spec.get("replicas", 1)),
@@ -220,7 +230,7 @@ def variant(
     (``None`` removes one). Named ``<kind>-<mode>[-<tag>]``."""
     mode = mode or base.mode
     return Model(
-        f"{base.kind}-{mode}" + (f"-{tag}" if tag else ""),
+        f"{base.kind}-{role(mode)}" + (f"-{tag}" if tag else ""),
         base.kind,
         mode,
         slots=base.slots if slots is None else slots,
@@ -320,7 +330,56 @@ def _shipped(size: str, levels: list[int]) -> Layout:
     )
 
 
+def _shipped_big(size: str, judge_tag: str, judge_change: dict[str, Any]) -> Layout:
+    """configs/gpu.yaml (the 7-8B config) at ``size``: its DisRM as shipped
+    (``fixed_shape``) and the same engine under ``off``; its judge (batch-invariant), with
+    ``judge_change`` applied to both judge engines (a candidate setting), and the same
+    engine under ``off``; the framework anchors (SDPA and packed FlashAttention-3) alone on
+    the GPU before the gateway starts. Four 7-8B engines fit one 80 GB GPU only with less
+    KV cache than shipped (the DisRM 1.25 GiB: a step is 8,192 tokens; the judge 3 GiB:
+    256 chats of ~220 tokens), the same for each pair; ingress replicas and ports as
+    shipped. DisRM: every deterministic answer compared bitwise across paths, concurrency
+    1 and 256 (the ``off`` pair is the negative control); c=1 is the low-load latency."""
+    shipped, ingress = shipped_models("configs/gpu.yaml")
+    rm = variant(shipped["rm"], "")
+    rm.kv_gib = 1.25
+    grm = variant(shipped["grm"], judge_tag, **judge_change)
+    grm.kv_gib = 3.0
+    models = [
+        rm,
+        variant(rm, "", mode="off"),
+        grm,
+        variant(grm, judge_tag, mode="off"),
+    ]
+    rm_paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
+    return Layout(
+        size,
+        models,
+        [],
+        [
+            _tp("rm", [256], *rm_paths, rounds=2, bits=True),
+            _tp(
+                "rm", [1], "engine_auto", "engine_off", "rmgate_direct", label="c1", bits=True, n=48
+            ),
+            _tp("grm", [256], *rm_paths, model_tag=judge_tag, bits=True),
+        ],
+        {"rm": (1024, 96), "grm": (1024, 12)},
+        config="configs/gpu.yaml",
+        ingress_replicas=ingress,
+        before_gateway=[("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})],
+        note=f"configs/gpu.yaml at {size}: DisRM fixed_shape and off, judge "
+        f"{'as shipped' if not judge_change else judge_change} and off; KV 1.25 / 3 GiB; "
+        "framework anchors before the gateway",
+    )
+
+
 LAYOUTS: dict[str, Callable[[], Layout]] = {
+    # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
+    # under `off`, the framework anchors, both ports, every answer's bits compared.
+    "shipped-7b": lambda: _shipped_big("7b", "", {}),
+    # The same DisRM settings on a Llama-3.1-8B shape; the judge with FA3 attention under
+    # batch invariance (a candidate) against the same engine under `off`.
+    "shipped-8b": lambda: _shipped_big("8b", "fa3", {"attention_backend": "FLASH_ATTN"}),
     # Engine settings one at a time against the shipped DisRM, with the framework anchor.
     "sweep-0.5b": lambda: _sweep("0.5b", [256, 1024]),
     "sweep-1.5b": lambda: _sweep("1.5b", [256, 1024]),
@@ -593,6 +652,7 @@ SIZES = {
     "0.5b": ("grm-0.5b", "rm-0.5b"),
     "1.5b": ("grm-1.5b", "rm-1.5b"),
     "7b": ("grm-7b", "rm-7b"),
+    "8b": ("grm-7b", "rm-8b-llama"),  # the Llama-3.1-8B DisRM shape beside the 7B judge
 }
 
 
@@ -829,7 +889,8 @@ class Bench:
         self.slots = {m.name: m.slots for m in layout.models}
         self.standalone: list[tuple[dict[str, Any], subprocess.Popen, str]] = []
         self.framework: dict[str, float | None] = {}
-        self.bits_ref: dict[tuple, dict[int, str]] = {}
+        #: (kind, model tag, "det" | "off") -> request id -> the first answer's digest
+        self.bits_ref: dict[tuple[str, str, str], dict[int, str]] = {}
         self.built: dict[str, dict[str, Any]] = {}
 
     def left(self) -> float:
@@ -968,10 +1029,10 @@ class Bench:
             )
         self.report["phases"]["replay"] = {"requests": n, "gen_tokens": 16, "runs": rows}
 
-    def phase_framework(self, kind: str) -> None:
+    def phase_framework(self, kind: str, attn: list[str] | None = None) -> None:
         """The framework anchor (``framework_anchor.py``: a plain ``transformers`` forward of
-        the same model, bucketed by length) over the throughput phases' requests, in a child
-        process while the engines are idle."""
+        the same model, ``attn`` its attention implementations) over the throughput phases'
+        requests, in a child process while the engines are idle (or before they start)."""
         if kind != "rm":
             raise ValueError("the framework anchor is a DisRM forward")
         rm = SIZES[self.layout.size][1]
@@ -983,6 +1044,8 @@ class Bench:
             "model": self.built[rm]["path"],
             "out": str(d / "result.json"),
             "texts": [rm_text(50_000 + i) for i in range(n)],
+            "attn": attn or ["sdpa"],
+            "dummy": self.built[rm].get("weights") == "dummy",
         }
         (d / "spec.json").write_text(json.dumps(spec))
         t0 = time.time()
@@ -1023,8 +1086,15 @@ class Bench:
         model_tag: str = "",
         label: str = "",
         bits: bool = False,
+        n: int | None = None,
     ) -> None:
-        n, n_ser = self.layout.n_tp[kind]
+        """Requests per second over ``paths`` at each concurrency level. ``bits``: every
+        answer compared with the first answer to the same request on a path of the same
+        class (the deterministic paths with each other, the ``off`` paths with each other:
+        across paths, rounds, phases and concurrency levels); ``n`` overrides the layout's
+        request count (a low-concurrency phase)."""
+        n_all, n_ser = self.layout.n_tp[kind]
+        n = n or n_all
         all_paths = self.paths(kind, model_tag)
         chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
         key = (
@@ -1048,22 +1118,27 @@ class Bench:
                     if rnd == 0 and c == levels[0]:  # warm-up: connections, kernels of new shapes
                         self.lg.run(urls, calls[:64], 64)
                     r = self.measure(urls, calls, c, keep_answers=bits)
-                    if bits:  # every path of the kind against the first answers measured
-                        answers = r.pop("answers")
-                        ref = self.bits_ref.setdefault(
-                            (kind, len(calls), calls[0][1].get("input", "") if kind == "rm" else 0),
-                            answers,
-                        )
-                        r["differing_from_reference"] = sum(
-                            answers.get(i) != ref.get(i) for i in ref
-                        )
+                    if bits:
+                        base = 50_000 + 10_000 * rnd
+                        answers = {base + i: a for i, a in r.pop("answers").items()}
+                        cls = (kind, model_tag, "off" if p.endswith("_off") else "det")
+                        ref = self.bits_ref.setdefault(cls, {})
+                        both = [i for i in answers if i in ref]
+                        r["compared"] = len(both)
+                        r["differing_from_reference"] = sum(answers[i] != ref[i] for i in both)
+                        for i, a in answers.items():
+                            ref.setdefault(i, a)
                     samples[p].append(r)
                     log(
                         f"{key} c={c} {p}: {r['req_per_s']} req/s"
                         + (f", {r['gen_tok_per_s']} tok/s" if r.get("gen_tok_per_s") else "")
                         + f", gw cpu {r['gateway_cpu_ms_per_req']} ms, lg cpu {r['loadgen_cpu_ms_per_req']} ms"
                         + f", gpu {r.get('gpu_util_pct')}%, errors {r['errors']}"
-                        + (f", differing bits {r['differing_from_reference']}" if bits else "")
+                        + (
+                            f", differing bits {r['differing_from_reference']}/{r['compared']}"
+                            if bits
+                            else ""
+                        )
                     )
             row = {}
             for p, rs in samples.items():
@@ -1366,6 +1441,13 @@ class Bench:
         cfg = serve_config(lay, built, self.ingress_replicas)
         (work / "serve.yaml").write_text(yaml.safe_dump(cfg))
         self.report["config"] = cfg["applications"][0]["args"]
+        for phase, kw in [] if self.fake else lay.before_gateway:
+            log(f"--- {phase} {kw} (before the gateway)")
+            try:
+                getattr(self, f"phase_{phase}")(**kw)
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                self.report["errors"].append(f"{phase} {kw}: {type(exc).__name__}: {exc}"[:2000])
+            self.save()
         anchors = [] if self.fake else self.start_anchors(built)
         if not self.fake:
             self.start_standalone(built, work)
@@ -1456,6 +1538,8 @@ def ratios(row: dict[str, Any], framework: float | None = None) -> dict[str, flo
         "rmgate_auto/rmgate_serial": r("rmgate_auto", "rmgate_serial"),
         "rmgate_auto/rmgate_off": r("rmgate_auto", "rmgate_off"),
         "rmgate_auto/engine_off": r("rmgate_auto", "engine_off"),
+        "engine_auto/engine_off": r("engine_auto", "engine_off"),
+        "rmgate_direct/engine_off": r("rmgate_direct", "engine_off"),
         "rmgate_off/engine_off": r("rmgate_off", "engine_off"),
         "rmgate_off/least_loaded_off": r("rmgate_off", "least_loaded_off"),
         "rmgate_auto/least_loaded_off": r("rmgate_auto", "least_loaded_off"),

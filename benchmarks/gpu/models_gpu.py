@@ -42,11 +42,28 @@ def tokenizer_json(vocab_size: int) -> dict[str, Any]:
     return tok
 
 
+#: Per architecture: the transformers class prefix and model type, and what differs in the
+#: config (Qwen2.5: q/k/v biases, rope theta 1e6; Llama-3.1: no biases, rope theta 5e5).
+ARCH = {
+    "qwen2": (
+        "Qwen2",
+        {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "use_sliding_window": False},
+    ),
+    "llama": (
+        "Llama",
+        {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False},
+    ),
+}
+
+
 def config(s: demo.GpuModelShape) -> dict[str, Any]:
     generative = s.kind == "generative"
+    prefix, extra = ARCH[s.arch]
     cfg: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if generative else "Qwen2ForSequenceClassification"],
-        "model_type": "qwen2",
+        "architectures": [
+            f"{prefix}ForCausalLM" if generative else f"{prefix}ForSequenceClassification"
+        ],
+        "model_type": s.arch,
         "vocab_size": s.vocab_size,
         "hidden_size": s.hidden_size,
         "intermediate_size": s.intermediate_size,
@@ -56,11 +73,9 @@ def config(s: demo.GpuModelShape) -> dict[str, Any]:
         "head_dim": s.hidden_size // s.num_heads,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITIONS,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
+        **extra,
         # the classifier's score head is its own (vLLM's seq-cls adapter replaces the LM head)
         "tie_word_embeddings": s.tie_word_embeddings and generative,
-        "use_sliding_window": False,
         "attention_dropout": 0.0,
         "torch_dtype": "bfloat16",
         "bos_token_id": None,
@@ -86,17 +101,18 @@ def tensor_shapes(s: demo.GpuModelShape) -> dict[str, tuple[int, ...]]:
                 p + "input_layernorm.weight": (h,),
                 p + "post_attention_layernorm.weight": (h,),
                 p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.q_proj.bias": (q,),
                 p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.k_proj.bias": (kv,),
                 p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.v_proj.bias": (kv,),
                 p + "self_attn.o_proj.weight": (h, q),
                 p + "mlp.gate_proj.weight": (i, h),
                 p + "mlp.up_proj.weight": (i, h),
                 p + "mlp.down_proj.weight": (h, i),
             }
         )
+        if s.arch == "qwen2":  # Qwen2's attention projections carry biases, Llama's do not
+            out.update(
+                {p + f"self_attn.{x}_proj.bias": (d,) for x, d in (("q", q), ("k", kv), ("v", kv))}
+            )
     if s.kind == "discriminative":
         out["score.weight"] = (1, h)
     elif not s.tie_word_embeddings:

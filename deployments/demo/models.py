@@ -180,6 +180,9 @@ class GpuModelShape:
     tie_word_embeddings: bool
     weights: str  # "random" | "dummy"
     seed: int
+    #: ``qwen2`` (q/k/v biases, rope theta 1e6) or ``llama`` (no biases, rope theta 5e5,
+    #: head_dim 128: the Llama-3.1-8B reward models such as Skywork-Reward-V2-Llama-3.1-8B)
+    arch: str = "qwen2"
 
 
 #: Real reward-model sizes (Qwen2.5 0.5B / 1.5B / 7B shapes, their vocabularies and
@@ -192,6 +195,9 @@ GPU_MODEL_SHAPES: tuple[GpuModelShape, ...] = (
     GpuModelShape("rm-1.5b", "discriminative", 1536, 8960, 28, 12, 2, 151936, True, "random", 7),
     GpuModelShape("grm-7b", "generative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 8),
     GpuModelShape("rm-7b", "discriminative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 9),
+    GpuModelShape(
+        "rm-8b-llama", "discriminative", 4096, 14336, 32, 32, 8, 128256, False, "dummy", 10, "llama"
+    ),
 )
 
 

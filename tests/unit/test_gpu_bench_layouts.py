@@ -41,7 +41,7 @@ def test_layout_renders_fits_and_names_real_phases(name):
     for m in app.models:
         check_engine_args(m)  # every engine argument is one vLLM knows (a typo fails here)
     dummy = {m.name for m in app.models if m.engine_args.get("load_format") == "dummy"}
-    assert bool(dummy) == (layout.size == "7b")
+    assert bool(dummy) == (layout.size in ("7b", "8b"))
 
 
 def test_core_layout_has_every_path_for_both_kinds():
@@ -182,3 +182,110 @@ def test_framework_anchor_buckets_by_padded_tokens():
     for b in got:
         assert len(b) <= 3 and (len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1024)
     assert [[lengths[i] for i in b] for b in got] == [[1, 3, 4], [5, 256, 256], [900]]
+
+
+def test_layouts_for_one_80gb_gpu_fit_and_measure_the_shipped_7b_config():
+    """shipped-7b / shipped-8b stand for configs/gpu.yaml: its DisRM and judge settings,
+    each beside the same engine under `off` (one variable: the mode), within one 80 GB GPU,
+    the framework anchors before the gateway starts."""
+    import yaml
+
+    shipped = yaml.safe_load((bp.REPO / "configs" / "gpu.yaml").read_text())
+    args = shipped["applications"][0]["args"]
+    want = {("grm" if m["kind"] == "generative" else "rm"): m for m in args["models"]}
+    for name, tag in (("shipped-7b", ""), ("shipped-8b", "fa3")):
+        layout = bp.LAYOUTS[name]()
+        assert bp.memory_gib(layout) < 74, name
+        assert layout.ingress_replicas == args["gateway"]["ingress_replicas"]
+        assert layout.before_gateway == [("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})]
+        cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+        models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+        judge = f"grm-auto-{tag}" if tag else "grm-auto"
+        assert models["rm-auto"]["determinism"] == want["rm"]["determinism"] == "fixed_shape"
+        assert models[judge]["determinism"] == want["grm"]["determinism"]
+        for det, off, kind in (
+            ("rm-auto", "rm-off", "rm"),
+            (judge, judge.replace("auto", "off"), "grm"),
+        ):
+            assert models[off]["determinism"] == "off"
+            assert models[off]["engine_args"] == models[det]["engine_args"]
+            skip = {"kv_cache_memory_bytes", "load_format", "attention_backend"}
+            assert {k: v for k, v in models[det]["engine_args"].items() if k not in skip} == {
+                k: v for k, v in want[kind]["engine_args"].items() if k not in skip
+            }
+        assert models[judge]["engine_args"]["attention_backend"] == (
+            "FLASH_ATTN" if tag else want["grm"]["engine_args"]["attention_backend"]
+        )
+    assert bp.SIZES["8b"][1] == "rm-8b-llama"
+
+
+def test_llama_shape_is_a_llama_3_1_8b_classifier(tmp_path):
+    s = models_gpu.shape("rm-8b-llama")
+    params = sum(__import__("math").prod(d) for d in models_gpu.tensor_shapes(s).values())
+    assert 7.4e9 < params < 7.6e9  # Llama-3.1-8B without its LM head
+    assert not any(k.endswith("_proj.bias") for k in models_gpu.tensor_shapes(s))
+    cfg = models_gpu.config(s)
+    assert cfg["architectures"] == ["LlamaForSequenceClassification"]
+    assert cfg["model_type"] == "llama" and cfg["rope_theta"] == 500000.0
+    assert cfg["head_dim"] == 128 and cfg["num_key_value_heads"] == 8
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_framework_anchor_packed_varlen_scores_match_sdpa(tmp_path, monkeypatch, arch):
+    """The packed FlashAttention anchor computes the same scores as the padded SDPA one
+    (attention stays inside each sequence, the head reads
+    each sequence's last token): checked on a CPU with a reference varlen attention. A
+    packing that let sequences see each other, or read the wrong token, fails."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks.gpu import framework_anchor as fa
+
+    tiny = dataclasses.replace(
+        models_gpu.shape("rm-8b-llama" if arch == "llama" else "rm-0.5b"),
+        name="rm-tiny",
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        vocab_size=512,
+        weights="random",
+    )
+    monkeypatch.setattr(models_gpu, "shape", lambda name: tiny)
+    info = models_gpu.build(tmp_path, "rm-tiny")
+
+    def reference(q, k, v, max_seqlen_q, cu_seqlens_q, softmax_scale, causal, **_):
+        out = torch.empty_like(q)
+        groups = q.shape[1] // k.shape[1]
+        cu = cu_seqlens_q.tolist()
+        for a, b in zip(cu, cu[1:]):
+            qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
+            ks, vs = (x.repeat_interleave(groups, dim=0) for x in (ks, vs))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=causal, scale=softmax_scale
+            )
+            out[a:b] = o.transpose(0, 1)
+        return out
+
+    texts = ["a", "12+3=15", "hello world " * 5, "x" * 40, "9", "abc def"]
+    spec = {
+        "model": info["path"],
+        "texts": texts,
+        "budgets": [64, 4096],
+        "attn": ["sdpa", "fa3"],
+        "max_batch": 4,
+    }
+    res = fa.run(spec, varlen=reference)
+    assert "error" not in res["by_attention"]["fa3"], res
+    got = {a: fa_scores(fa, spec, a, reference) for a in ("sdpa", "fa3")}
+    assert max(abs(x - y) for x, y in zip(got["sdpa"], got["fa3"])) < 0.05 * max(
+        1.0, max(abs(x) for x in got["sdpa"])
+    )
+    assert len(set(got["fa3"])) == len(texts)  # every sequence its own score
+
+
+def fa_scores(fa, spec, attn, reference):
+    one = {**spec, "attn": [attn], "budgets": [4096]}
+    return fa.run(one, varlen=reference)["by_attention"][attn]["scores_head"][: len(spec["texts"])]
