@@ -1,4 +1,5 @@
 """Is a DisRM step of one fixed token count batch-invariant? One setting at a time.
+(``--kind grm``: the same question for a judge's generation.)
 
 Offline ``vllm.LLM`` (runner ``pooling``) over a random DisRM of a real shape
 (``models_gpu``), one child process per setting (vLLM reads its environment at start-up).
@@ -8,6 +9,17 @@ compilation settings vLLM actually ran with; the time of 960 prompts in one call
 
     python -m benchmarks.gpu.fixed_shape_probe --out $OUT [--model rm-0.5b]
         [--settings off,pad,pad-head,pad-triton-head,batch-invariant]
+    python -m benchmarks.gpu.fixed_shape_probe --out $OUT --kind grm --model grm-0.5b \
+        --settings off,gen-pad-head,gen-pad-head-bi-attn,batch-invariant
+
+Generation (``--kind grm``): 24 chats sampled alone (T=1, a seed each, 32 tokens, the
+sampled token's logprob) against the same chats inside one batch of 192; the time of 192
+in one call. ``gen-pad-*`` pads every step to ``GEN_TOKENS`` tokens (one captured size
+equal to the token budget, ``max_num_seqs`` the same: a decode step of the full batch is
+one captured step) and the LM head to that many rows (``pad_lm_head``: it runs on the
+rows that sample, a count that follows the batch); ``-bi-attn`` adds vLLM's
+batch-invariant mode for everything but the matmuls (attention without split-KV, its
+softmax kernels), to tell attention apart from the rest.
 
 Every setting runs its engine in the child's own process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the head patch of
@@ -47,6 +59,140 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "eager-triton": {"enforce_eager": True, "attention_backend": "TRITON_ATTN"},
     "batch-invariant": {"attention_backend": "TRITON_ATTN", "env": {"VLLM_BATCH_INVARIANT": "1"}},
 }
+GEN_TOKENS = 256  # generation: the token budget, the one captured size, max_num_seqs
+GEN_PAD = {"cudagraph_capture_sizes": [GEN_TOKENS], "max_cudagraph_capture_size": GEN_TOKENS}
+LM_HEAD = {"RMGATE_PROBE_LM_HEAD_ROWS": str(GEN_TOKENS)}
+SETTINGS.update(
+    {
+        "gen-pad": {"compilation_config": GEN_PAD},
+        "gen-pad-head": {"compilation_config": GEN_PAD, "env": LM_HEAD},
+        "gen-pad-head-bi-attn": {
+            "compilation_config": GEN_PAD,
+            "attention_backend": "TRITON_ATTN",
+            "env": {**LM_HEAD, "VLLM_BATCH_INVARIANT": "1", "RMGATE_PROBE_STOCK_MATMULS": "1"},
+        },
+    }
+)
+
+
+def pad_lm_head(rows: int) -> None:
+    """vLLM's LogitsProcessor at ``rows`` rows (zero rows appended, dropped after): the LM
+    head's matmul at one shape whatever number of sequences sample in the step."""
+    import torch
+    from vllm.model_executor.layers import logits_processor as lp
+
+    forward = lp.LogitsProcessor.forward
+
+    def padded(self: Any, lm_head: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+        n = int(hidden.shape[0])
+        if n >= rows:
+            return forward(self, lm_head, hidden, *args, **kwargs)
+        full = torch.cat([hidden, hidden.new_zeros((rows - n, *hidden.shape[1:]))])
+        out = forward(self, lm_head, full, *args, **kwargs)
+        return None if out is None else out[:n]
+
+    lp.LogitsProcessor.forward = padded
+
+
+def stock_matmuls() -> None:
+    """Keep vLLM's batch-invariant mode for attention and softmax but give the matmuls back
+    to cuBLAS: its aten overrides of mm/addmm/bmm/matmul are not installed."""
+    try:
+        from vllm.model_executor.layers import batch_invariant as bi
+    except ImportError:  # later vLLMs moved it
+        from vllm.model_executor.determinism import batch_invariant as bi  # type: ignore[no-redef]
+
+    real = bi.enable_batch_invariant_mode
+
+    def without_matmuls(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        impl = torch.library.Library.impl
+
+        def skip(self: Any, name: Any, fn: Any, *a: Any, **k: Any) -> Any:
+            op = str(name).removeprefix("aten::").split(".")[0]
+            if op in ("mm", "addmm", "bmm", "matmul", "linear"):
+                return None
+            return impl(self, name, fn, *a, **k)
+
+        torch.library.Library.impl = skip
+        try:
+            return real(*args, **kwargs)
+        finally:
+            torch.library.Library.impl = impl
+
+    bi.enable_batch_invariant_mode = without_matmuls
+
+
+def chats(n: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": p[: 40 + (i * 37) % 400]}] for i, p in enumerate(prompts(n))
+    ]
+
+
+def gen_child(spec: dict[str, Any]) -> dict[str, Any]:
+    if os.environ.get("RMGATE_PROBE_LM_HEAD_ROWS"):
+        pad_lm_head(int(os.environ["RMGATE_PROBE_LM_HEAD_ROWS"]))
+    if os.environ.get("RMGATE_PROBE_STOCK_MATMULS"):
+        stock_matmuls()
+    from vllm import LLM, SamplingParams
+
+    t0 = time.time()
+    kw = {k: v for k, v in spec["setting"].items() if k != "env"}
+    if spec.get("dummy"):
+        kw["load_format"] = "dummy"
+    padded = "compilation_config" in kw
+    llm = LLM(
+        model=spec["model"],
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=2048,
+        max_num_seqs=GEN_TOKENS,
+        max_num_batched_tokens=GEN_TOKENS if padded else 8192,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.4,
+        generation_config="vllm",
+        **kw,
+    )
+    start_s = time.time() - t0
+    cc = llm.llm_engine.vllm_config.compilation_config
+
+    def run(idx: list[int], items: list[Any]) -> list[str]:
+        params = [
+            SamplingParams(
+                temperature=1.0,
+                top_p=1.0,
+                max_tokens=32,
+                seed=1000 + i,
+                logprobs=1,
+                ignore_eos=True,
+            )
+            for i in idx
+        ]
+        outs = llm.chat(items, params, use_tqdm=False)
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            lps = [float(d[t].logprob).hex() for t, d in zip(c.token_ids, c.logprobs or [])]
+            res.append(json.dumps([list(c.token_ids), lps]))
+        return res
+
+    texts = chats(192)
+    idx = list(range(192))
+    run(idx[:64], texts[:64])  # warm-up
+    big = run(idx, texts)
+    alone = [run([i], [texts[i]])[0] for i in range(24)]
+    t1 = time.time()
+    run(idx, texts)
+    seconds = time.time() - t1
+    return {
+        "start_s": round(start_s, 1),
+        "cudagraph_mode": str(getattr(cc, "cudagraph_mode", None)),
+        "capture_sizes": list(getattr(cc, "cudagraph_capture_sizes", None) or []),
+        "alone_vs_192_differ": sum(a != b for a, b in zip(alone, big[:24], strict=True)),
+        "of_alone": 24,
+        "tok_s_192": round(192 * 32 / seconds, 1),
+    }
 
 
 def prompts(n: int) -> list[str]:
@@ -120,18 +266,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--model", default="rm-0.5b")
     ap.add_argument("--settings", default="off,pad,pad-head,pad-triton-head,batch-invariant")
+    ap.add_argument("--kind", choices=["rm", "grm"], default="rm")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(json.loads(args.child.read_text()))))
+        spec = json.loads(args.child.read_text())
+        run = gen_child if spec.get("kind") == "grm" else child
+        print("RESULT " + json.dumps(run(spec)))
         return
     from benchmarks.gpu.models_gpu import build_in_child
 
     models = Path("/tmp/rmgate-probe-models")
     built = build_in_child(models, [args.model])
     result: dict[str, Any] = {
-        "command": f"python -m benchmarks.gpu.fixed_shape_probe --model {args.model} "
-        f"--settings {args.settings}",
+        "command": f"python -m benchmarks.gpu.fixed_shape_probe --kind {args.kind} "
+        f"--model {args.model} --settings {args.settings}",
         "model": args.model,
         "built": built,
         "settings": {},
@@ -141,7 +290,14 @@ def main() -> None:
         spec = Path(f"/tmp/probe-{name}.json")
         dummy = built[args.model]["weights"] == "dummy"
         spec.write_text(
-            json.dumps({"model": str(models / args.model), "setting": setting, "dummy": dummy})
+            json.dumps(
+                {
+                    "model": str(models / args.model),
+                    "setting": setting,
+                    "dummy": dummy,
+                    "kind": args.kind,
+                }
+            )
         )
         # the engine in the child's own process: the head patch is certainly in effect
         # there (and counted), and every setting runs the same way
@@ -162,7 +318,8 @@ def main() -> None:
         print(name, json.dumps(got)[:600], flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "fixed-shape-probe.json").write_text(json.dumps(result, indent=1))
+            name = "fixed-shape-probe" + ("-gen" if args.kind == "grm" else "")
+            (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
