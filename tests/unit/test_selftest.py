@@ -187,9 +187,7 @@ def test_gpu_config_plans_packed_batch_invariant_slots(name: str):
         with pytest.raises(PolicyError, match="CUDA"):
             plan_engine(cfg.models[1], Platform("cpu", "cpu"), port=1)
     assert len(topology.render(raw)["applications"]) == 1 + sum(m.replicas for m in cfg.models)
-    # measured on the H200 (2026-12-04): through its own port one ingress process keeps up
-    # with the small models' engines of one GPU; gpu.yaml keeps 4 (not measured since)
-    assert (cfg.gateway.ingress_replicas, cfg.gateway.direct_port) == (
-        (1, 8001) if name == "gpu-small.yaml" else (4, None)
-    )
+    # through its own port one ingress process keeps up with the engines of one GPU
+    # (gpu-small: H200, 2026-12-04; gpu.yaml: the shipped-7b layout)
+    assert (cfg.gateway.ingress_replicas, cfg.gateway.direct_port) == (1, 8001)
     assert sum(m.ray_actor_options["num_gpus"] * m.replicas for m in cfg.models) <= 1.0
