@@ -124,6 +124,12 @@ class Model:
     #: ``max_num_seqs``, ``kv_gib`` and ``extra`` are read from / laid over them)
     engine_args: dict[str, Any] | None = None
     engine_env: dict[str, str] = field(default_factory=dict)
+    #: the GPU model shape it serves (``models_gpu``), when not the layout size's
+    shape: str | None = None
+
+    def model_shape(self, size: str) -> str:
+        grm, rm = SIZES[size]
+        return self.shape or (grm if self.kind == "grm" else rm)
 
 
 @dataclass
@@ -240,6 +246,7 @@ def variant(
         spec=dict(base.spec),
         engine_args=base.engine_args,
         engine_env=dict(base.engine_env),
+        shape=base.shape,
     )
 
 
@@ -330,7 +337,9 @@ def _shipped(size: str, levels: list[int]) -> Layout:
     )
 
 
-def _shipped_big(size: str, judge_tag: str, judge_change: dict[str, Any]) -> Layout:
+def _shipped_big(
+    size: str, judge_tag: str, judge_change: dict[str, Any], llama_too: bool = False
+) -> Layout:
     """configs/gpu.yaml (the 7-8B config) at ``size``: its DisRM as shipped
     (``fixed_shape``) and the same engine under ``off``; its judge (batch-invariant), with
     ``judge_change`` applied to both judge engines (a candidate setting), and the same
@@ -339,7 +348,8 @@ def _shipped_big(size: str, judge_tag: str, judge_change: dict[str, Any]) -> Lay
     KV cache than shipped (the DisRM 1.25 GiB: a step is 8,192 tokens; the judge 3 GiB:
     256 chats of ~220 tokens), the same for each pair; ingress replicas and ports as
     shipped. DisRM: every deterministic answer compared bitwise across paths, concurrency
-    1 and 256 (the ``off`` pair is the negative control); c=1 is the low-load latency."""
+    1 and 256 (the ``off`` pair is the negative control); c=1 is the low-load latency.
+    ``llama_too`` (a GPU of 120+ GiB): the same DisRM pair on the Llama-3.1-8B shape too."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "")
     rm.kv_gib = 1.25
@@ -352,21 +362,31 @@ def _shipped_big(size: str, judge_tag: str, judge_change: dict[str, Any]) -> Lay
         variant(grm, judge_tag, mode="off"),
     ]
     rm_paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
+    c1 = ("engine_auto", "engine_off", "rmgate_direct")
+    phases = [
+        _tp("rm", [256], *rm_paths, rounds=2, bits=True),
+        _tp("rm", [1], *c1, label="c1", bits=True, n=48),
+        _tp("grm", [256], *rm_paths, model_tag=judge_tag, bits=True),
+    ]
+    before = [("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})]
+    if llama_too:
+        llama = variant(rm, "llama")
+        llama.shape = SIZES["8b"][1]
+        models += [llama, variant(llama, "llama", mode="off")]
+        phases[2:2] = [
+            _tp("rm", [256], *rm_paths, model_tag="llama", bits=True),
+            _tp("rm", [1], *c1, model_tag="llama", label="c1", bits=True, n=48),
+        ]
+        before.append(("framework", {"kind": "rm", "attn": ["sdpa", "fa3"], "shape": llama.shape}))
     return Layout(
         size,
         models,
         [],
-        [
-            _tp("rm", [256], *rm_paths, rounds=2, bits=True),
-            _tp(
-                "rm", [1], "engine_auto", "engine_off", "rmgate_direct", label="c1", bits=True, n=48
-            ),
-            _tp("grm", [256], *rm_paths, model_tag=judge_tag, bits=True),
-        ],
+        phases,
         {"rm": (1024, 96), "grm": (1024, 12)},
         config="configs/gpu.yaml",
         ingress_replicas=ingress,
-        before_gateway=[("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})],
+        before_gateway=before,
         note=f"configs/gpu.yaml at {size}: DisRM fixed_shape and off, judge "
         f"{'as shipped' if not judge_change else judge_change} and off; KV 1.25 / 3 GiB; "
         "framework anchors before the gateway",
@@ -380,6 +400,8 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     # The same DisRM settings on a Llama-3.1-8B shape; the judge with FA3 attention under
     # batch invariance (a candidate) against the same engine under `off`.
     "shipped-8b": lambda: _shipped_big("8b", "fa3", {"attention_backend": "FLASH_ATTN"}),
+    # Both DisRM shapes and the shipped judge in one run (six engines: a 141 GB GPU).
+    "shipped-7b-8b": lambda: _shipped_big("7b", "", {}, llama_too=True),
     # Engine settings one at a time against the shipped DisRM, with the framework anchor.
     "sweep-0.5b": lambda: _sweep("0.5b", [256, 1024]),
     "sweep-1.5b": lambda: _sweep("1.5b", [256, 1024]),
@@ -660,12 +682,11 @@ SIZES = {
 def serve_config(
     layout: Layout, built: dict[str, dict[str, Any]], ingress_replicas: int = 1
 ) -> dict[str, Any]:
-    grm, rm = SIZES[layout.size]
     engines = sum(m.slots for m in layout.models)
     frac = math.floor(1000 / (engines + len(layout.anchors) + len(layout.standalone))) / 1000
     models = []
     for m in layout.models:
-        info = built[grm if m.kind == "grm" else rm]
+        info = built[m.model_shape(layout.size)]
         if m.engine_args is not None:  # a shipped config's engine: its arguments whole
             args: dict[str, Any] = {
                 **m.engine_args,
@@ -726,7 +747,7 @@ def memory_gib(layout: Layout) -> float:
     grm, rm = SIZES[layout.size]
     total = 0.0
     for m in layout.models:
-        total += m.slots * (weights(grm if m.kind == "grm" else rm) + m.kv_gib + 2)
+        total += m.slots * (weights(m.model_shape(layout.size)) + m.kv_gib + 2)
     for kind in layout.anchors:
         m = next(x for x in layout.models if x.kind == kind and x.mode == "auto")
         total += weights(grm if kind == "grm" else rm) + m.kv_gib + 2
@@ -1029,15 +1050,17 @@ class Bench:
             )
         self.report["phases"]["replay"] = {"requests": n, "gen_tokens": 16, "runs": rows}
 
-    def phase_framework(self, kind: str, attn: list[str] | None = None) -> None:
+    def phase_framework(
+        self, kind: str, attn: list[str] | None = None, shape: str | None = None
+    ) -> None:
         """The framework anchor (``framework_anchor.py``: a plain ``transformers`` forward of
         the same model, ``attn`` its attention implementations) over the throughput phases'
         requests, in a child process while the engines are idle (or before they start)."""
         if kind != "rm":
             raise ValueError("the framework anchor is a DisRM forward")
-        rm = SIZES[self.layout.size][1]
+        rm = shape or SIZES[self.layout.size][1]
         n = self.layout.n_tp[kind][0]
-        d = WORK / "framework"
+        d = WORK / f"framework-{rm}"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         spec = {
@@ -1070,8 +1093,8 @@ class Bench:
         w = self.gpu.window(t0, time.time())
         if w:
             out.update(w)
-        self.framework[kind] = out.get("req_per_s")
-        self.report["phases"][f"framework_{kind}"] = out
+        self.framework[shape or kind] = out.get("req_per_s")
+        self.report["phases"][f"framework_{kind}" + (f"_{shape}" if shape else "")] = out
         log(
             f"framework anchor {kind}: {out.get('req_per_s')} req/s "
             f"(best budget {out.get('best', {}).get('budget')}, {out.get('error', 'ok')})"
@@ -1152,7 +1175,11 @@ class Bench:
                     "req_per_s_rounds": [x["req_per_s"] for x in rs],
                 }
             result["paths"][str(c)] = row
-            result.setdefault("ratios", {})[str(c)] = ratios(row, self.framework.get(kind))
+            shape = next(
+                (m.shape for m in self.layout.models if m.name == f"{kind}-auto-{model_tag}"),
+                None,
+            )
+            result.setdefault("ratios", {})[str(c)] = ratios(row, self.framework.get(shape or kind))
             self.save()
 
     def phase_old_paths(self) -> None:
@@ -1428,7 +1455,7 @@ class Bench:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         t = time.monotonic()
-        names = list(SIZES[lay.size])
+        names = sorted({*SIZES[lay.size], *(m.shape for m in lay.models if m.shape)})
         if self.fake:
             built = {n: {"path": str(work / n), "weights": "random"} for n in names}
         else:

@@ -16,10 +16,8 @@ from gateway.core.config.settings import AppConfig
 
 
 def built(layout: bp.Layout) -> dict:
-    return {
-        n: {"path": f"/models/{n}", "weights": models_gpu.shape(n).weights}
-        for n in bp.SIZES[layout.size]
-    }
+    names = {*bp.SIZES[layout.size], *(m.shape for m in layout.models if m.shape)}
+    return {n: {"path": f"/models/{n}", "weights": models_gpu.shape(n).weights} for n in names}
 
 
 @pytest.mark.parametrize("name", sorted(bp.LAYOUTS))
