@@ -363,20 +363,19 @@ def _shipped_big(
     ]
     rm_paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
     c1 = ("engine_auto", "engine_off", "rmgate_direct")
+    # in order of what the run must not miss, should its deadline cut the end
     phases = [
         _tp("rm", [256], *rm_paths, rounds=2, bits=True),
-        _tp("rm", [1], *c1, label="c1", bits=True, n=48),
         _tp("grm", [256], *rm_paths, model_tag=judge_tag, bits=True),
+        _tp("rm", [1], *c1, label="c1", bits=True, n=48),
     ]
     before = [("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})]
     if llama_too:
         llama = variant(rm, "llama")
         llama.shape = SIZES["8b"][1]
         models += [llama, variant(llama, "llama", mode="off")]
-        phases[2:2] = [
-            _tp("rm", [256], *rm_paths, model_tag="llama", bits=True),
-            _tp("rm", [1], *c1, model_tag="llama", label="c1", bits=True, n=48),
-        ]
+        phases.insert(2, _tp("rm", [256], *rm_paths, model_tag="llama", bits=True))
+        phases.append(_tp("rm", [1], *c1, model_tag="llama", label="c1", bits=True, n=48))
         before.append(("framework", {"kind": "rm", "attn": ["sdpa", "fa3"], "shape": llama.shape}))
     return Layout(
         size,
