@@ -1173,6 +1173,9 @@ class Bench:
                     "req_per_s": med,
                     "req_per_s_rounds": [x["req_per_s"] for x in rs],
                 }
+                if bits:  # every round's count: the median round's alone hides a difference
+                    row[p]["differing_rounds"] = [x["differing_from_reference"] for x in rs]
+                    row[p]["compared_rounds"] = [x["compared"] for x in rs]
             result["paths"][str(c)] = row
             shape = next(
                 (m.shape for m in self.layout.models if m.name == f"{kind}-auto-{model_tag}"),
