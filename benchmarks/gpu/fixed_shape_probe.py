@@ -10,16 +10,14 @@ compilation settings vLLM actually ran with; the time of 960 prompts in one call
     python -m benchmarks.gpu.fixed_shape_probe --out $OUT [--model rm-0.5b]
         [--settings off,pad,pad-head,pad-triton-head,batch-invariant]
     python -m benchmarks.gpu.fixed_shape_probe --out $OUT --kind grm --model grm-0.5b \
-        --settings off,gen-pad-head,gen-pad-head-bi-attn,batch-invariant
+        --settings gen-pad-head,off
 
 Generation (``--kind grm``): 24 chats sampled alone (T=1, a seed each, 32 tokens, the
 sampled token's logprob) against the same chats inside one batch of 192; the time of 192
 in one call. ``gen-pad-*`` pads every step to ``GEN_TOKENS`` tokens (one captured size
 equal to the token budget, ``max_num_seqs`` the same: a decode step of the full batch is
 one captured step) and the LM head to that many rows (``pad_lm_head``: it runs on the
-rows that sample, a count that follows the batch); ``-bi-attn`` adds vLLM's
-batch-invariant mode for everything but the matmuls (attention without split-KV, its
-softmax kernels), to tell attention apart from the rest.
+rows that sample, a count that follows the batch).
 
 Every setting runs its engine in the child's own process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the head patch of
@@ -66,11 +64,6 @@ SETTINGS.update(
     {
         "gen-pad": {"compilation_config": GEN_PAD},
         "gen-pad-head": {"compilation_config": GEN_PAD, "env": LM_HEAD},
-        "gen-pad-head-bi-attn": {
-            "compilation_config": GEN_PAD,
-            "attention_backend": "TRITON_ATTN",
-            "env": {**LM_HEAD, "VLLM_BATCH_INVARIANT": "1", "RMGATE_PROBE_STOCK_MATMULS": "1"},
-        },
     }
 )
 
@@ -94,36 +87,6 @@ def pad_lm_head(rows: int) -> None:
     lp.LogitsProcessor.forward = padded
 
 
-def stock_matmuls() -> None:
-    """Keep vLLM's batch-invariant mode for attention and softmax but give the matmuls back
-    to cuBLAS: its aten overrides of mm/addmm/bmm/matmul are not installed."""
-    try:
-        from vllm.model_executor.layers import batch_invariant as bi
-    except ImportError:  # later vLLMs moved it
-        from vllm.model_executor.determinism import batch_invariant as bi  # type: ignore[no-redef]
-
-    real = bi.enable_batch_invariant_mode
-
-    def without_matmuls(*args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        impl = torch.library.Library.impl
-
-        def skip(self: Any, name: Any, fn: Any, *a: Any, **k: Any) -> Any:
-            op = str(name).removeprefix("aten::").split(".")[0]
-            if op in ("mm", "addmm", "bmm", "matmul", "linear"):
-                return None
-            return impl(self, name, fn, *a, **k)
-
-        torch.library.Library.impl = skip
-        try:
-            return real(*args, **kwargs)
-        finally:
-            torch.library.Library.impl = impl
-
-    bi.enable_batch_invariant_mode = without_matmuls
-
-
 def chats(n: int) -> list[list[dict[str, str]]]:
     return [
         [{"role": "user", "content": p[: 40 + (i * 37) % 400]}] for i, p in enumerate(prompts(n))
@@ -133,8 +96,6 @@ def chats(n: int) -> list[list[dict[str, str]]]:
 def gen_child(spec: dict[str, Any]) -> dict[str, Any]:
     if os.environ.get("RMGATE_PROBE_LM_HEAD_ROWS"):
         pad_lm_head(int(os.environ["RMGATE_PROBE_LM_HEAD_ROWS"]))
-    if os.environ.get("RMGATE_PROBE_STOCK_MATMULS"):
-        stock_matmuls()
     from vllm import LLM, SamplingParams
 
     t0 = time.time()

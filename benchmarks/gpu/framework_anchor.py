@@ -30,6 +30,7 @@ SPEC: {"model": PATH, "texts": [...], "out": PATH, "budgets": [16384, ...], "max
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -161,9 +162,7 @@ def run(spec: dict[str, Any], varlen: Any = None) -> dict[str, Any]:
         for batch in batches:
             flat = [t for i in batch for t in ids[i]]
             pos = [p for i in batch for p in range(lengths[i])]
-            cu = [0]
-            for i in batch:
-                cu.append(cu[-1] + lengths[i])
+            cu = [0, *itertools.accumulate(lengths[i] for i in batch)]
             prepared.append(
                 {
                     "input_ids": torch.tensor([flat], device=dev),

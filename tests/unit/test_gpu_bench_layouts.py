@@ -277,13 +277,9 @@ def test_framework_anchor_packed_varlen_scores_match_sdpa(tmp_path, monkeypatch,
     }
     res = fa.run(spec, varlen=reference)
     assert "error" not in res["by_attention"]["fa3"], res
-    got = {a: fa_scores(fa, spec, a, reference) for a in ("sdpa", "fa3")}
+    # each implementation's scores at its last budget (one pack / bucket set holds them all)
+    got = {a: res["by_attention"][a]["scores_head"][: len(texts)] for a in ("sdpa", "fa3")}
     assert max(abs(x - y) for x, y in zip(got["sdpa"], got["fa3"])) < 0.05 * max(
         1.0, max(abs(x) for x in got["sdpa"])
     )
     assert len(set(got["fa3"])) == len(texts)  # every sequence its own score
-
-
-def fa_scores(fa, spec, attn, reference):
-    one = {**spec, "attn": [attn], "budgets": [4096]}
-    return fa.run(one, varlen=reference)["by_attention"][attn]["scores_head"][: len(spec["texts"])]
