@@ -21,9 +21,10 @@ from ray.serve import Application
 
 from deployments.engine.args import detect_platform, engine_headers, plan_engine
 from deployments.engine.fingerprint import build_fingerprint, digest_dir
-from deployments.engine.numerics import slot_numerics
+from deployments.engine.numerics import slot_identity, slot_numerics
 from deployments.engine.ports import PortReservation
 from deployments.engine.prefix_check import run_prefix_check
+from deployments.engine.prefix_verdicts import recall_failure, remember_failure
 from deployments.engine.process import EngineProcess
 from deployments.engine.selftest import prove_batching, run_selftest
 from deployments.engine.sleep_control import EngineControl
@@ -74,8 +75,7 @@ class SlotReplica:
         self.platform = detect_platform()
         self.selftest: dict[str, Any] | None = None
         self.prefix_cache: dict[str, Any] | None = None
-        running = self.spec
-        self._start_engine(running)
+        running = self._start_engine(self.spec)
         running, self.selftest = prove_batching(
             running,
             lambda: self.plan.mode,
@@ -87,6 +87,7 @@ class SlotReplica:
             self.prefix_cache = {"enabled": check.passed, "check": check.as_dict()}
             logger.info("slot %s-%d: prefix-cache check %s", running.name, slot, check.summary())
             if not check.passed:
+                remember_failure(self._identity(running), check)
                 running = running.model_copy(update={"prefix_cache": "off"})
                 self._restart_engine(running)
         #: What the engine runs now (after any fallback): what a wake starts again.
@@ -134,7 +135,15 @@ class SlotReplica:
         self.engine.stop()
         self._start_engine(spec)
 
-    def _start_engine(self, spec: ModelSpec) -> None:
+    def _identity(self, spec: ModelSpec) -> dict[str, Any]:
+        """The numerics identity of ``spec``'s engine as planned now (the key of its
+        prefix-cache verdict)."""
+        return slot_identity(spec, self.plan, self.platform, self.model_digest)
+
+    def _start_engine(self, spec: ModelSpec) -> ModelSpec:
+        """Start the slot's engine for ``spec``; returns the spec it runs: without the
+        prefix cache where an identical engine's check failed on this host before
+        (``deployments.engine.prefix_verdicts``), so that it does not start twice."""
         # loopback: only this node reaches the engine; node: the ingress on another node
         # does too. Either way the engine answers only callers with its secret, which only
         # the ingress is told (endpoint()): on a shared training node any local process
@@ -147,6 +156,19 @@ class SlotReplica:
                 spec, self.platform, port=port, host=host, slot=self.slot, secret=self.secret
             )
             self.model_digest = digest_dir(spec.model_path)
+            remembered = recall_failure(self._identity(spec)) if self.plan.prefix_cache else None
+            if remembered is not None:
+                logger.info(
+                    "slot %s-%d: prefix cache off, its check failed here before (%s)",
+                    spec.name,
+                    self.slot,
+                    remembered["remembered"]["file"],
+                )
+                self.prefix_cache = remembered
+                spec = spec.model_copy(update={"prefix_cache": "off"})
+                self.plan = plan_engine(
+                    spec, self.platform, port=port, host=host, slot=self.slot, secret=self.secret
+                )
             self.fingerprint = build_fingerprint(
                 model_digest=self.model_digest,
                 device=self.platform.name,
@@ -169,6 +191,7 @@ class SlotReplica:
             )
             self.engine.start()
             self.engine.wait_ready(spec.startup_timeout_s)
+        return spec
 
     # ---- sleep and wake (deployments.slot.lifecycle) ------------------------------------
     def control(self) -> EngineControl:

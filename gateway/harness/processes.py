@@ -96,6 +96,14 @@ def vllm_servers(log_dir: Path | str) -> list[int]:
     return running(processes_with_env(f"RMGATE_LOG_DIR={log_dir}"), b"vllm_server")
 
 
+def engine_port(engines: Path, slot_app: str) -> int:
+    """The port of the newest engine of ``slot_app`` (``rm-1``), from its log's name
+    (``<slot app>-<port>.log`` under the gateway's engine log folder): the live one, since a
+    slot stops an engine before it starts the next."""
+    newest = max(engines.glob(f"{slot_app}-*.log"), key=lambda p: p.stat().st_mtime)
+    return int(newest.stem.rsplit("-", 1)[1])
+
+
 def engine_launcher_pid(port: int | str) -> int:
     """The engine launcher (process-group leader) of the engine listening on ``port``; not
     its watchdog, a forked child with the same command line."""

@@ -18,7 +18,11 @@ from typing import Any
 from gateway.serve import topology
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}
+#: What ends a wait for RUNNING, as in Ray Serve's own ``serve.run``: a deployment that
+#: failed to start its replicas. UNHEALTHY is not: Serve replaces a replica that fails its
+#: health checks (a slot whose engine is slow to answer on a loaded host, one killed while
+#: starting) and the application becomes RUNNING again; it is waited out to the timeout.
+FAILED = {"DEPLOY_FAILED"}
 
 
 def use_ray_token_if_present() -> None:
@@ -82,8 +86,10 @@ def wait_until_running(
     names: set[str],
     timeout_s: float,
     gone: frozenset[str] | set[str] = frozenset(),
+    poll_s: float = 1.0,
 ) -> None:
-    """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent."""
+    """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent;
+    one that failed to deploy ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = statuses()
@@ -98,7 +104,7 @@ def wait_until_running(
                 f"not running after {timeout_s:.0f}s: {pending}; "
                 f"still present: {sorted(gone & set(now))}"
             )
-        time.sleep(1.0)
+        time.sleep(poll_s)
 
 
 def ray_token_header() -> dict[str, str] | None:

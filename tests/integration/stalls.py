@@ -17,19 +17,13 @@ from pathlib import Path
 
 import httpx
 
-from gateway.harness.processes import engine_launcher_pid, engine_secret_headers
+from gateway.harness.processes import engine_launcher_pid, engine_port, engine_secret_headers
 from gateway.harness.running import metric_total
 
 #: What a request may take past its deadline here: the gateway's own guard margin is
 #: 0.25 s; the rest is a shared 2-core host answering a burst of 504s.
 MARGIN_S = 1.0
 TIMEOUT_S = 2.0
-
-
-def engine_port(engines: Path, slot_app: str) -> int:
-    """The port of the newest engine of ``slot_app`` (``rm-1``), from its log's name."""
-    newest = max(engines.glob(f"{slot_app}-*.log"), key=lambda p: p.stat().st_mtime)
-    return int(newest.stem.rsplit("-", 1)[1])
 
 
 @functools.cache

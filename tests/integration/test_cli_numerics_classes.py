@@ -40,7 +40,7 @@ from gateway.client.check import disrm_calls, grm_calls
 from gateway.core.api.answers import answer_of
 from gateway.core.routing.hashing import slot_for_key
 from gateway.core.routing.keys import group_key
-from gateway.harness.processes import engine_launcher_pid, engine_secret_headers
+from gateway.harness.processes import engine_launcher_pid, engine_port, engine_secret_headers
 from gateway.harness.running import dashboard_address, metric_total, running_gateway
 from gateway.harness.slowdowns import duty_cycled
 from tests.integration.prefix_groups import GROUP_REWARDS, MODELS, grpo_items, post_rewards
@@ -119,14 +119,8 @@ def classes_gateway(demo_models, tmp_path_factory):
         yield url, engines, work
 
 
-def _engine_port(engines: Path, slot_app: str) -> int:
-    """The port of the slot's newest engine (its log is ``<slot app>-<port>.log``)."""
-    newest = max(engines.glob(f"{slot_app}-*.log"), key=lambda p: p.stat().st_mtime)
-    return int(newest.stem.rsplit("-", 1)[1])
-
-
 def _engine_group(engines: Path, slot_app: str) -> int:
-    return engine_launcher_pid(_engine_port(engines, slot_app))  # it leads the group
+    return engine_launcher_pid(engine_port(engines, slot_app))  # it leads the group
 
 
 async def _replay(url: str, calls, order: list[int], concurrency: int) -> dict[int, tuple]:
@@ -429,7 +423,7 @@ def test_the_canary_drains_a_slot_whose_weights_change_under_it(
     weights = load_file(other / "model.safetensors")
     weights["score.weight"] = weights["score.weight"] * 1.01
     save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
-    port1, port0 = _engine_port(engines, "rm-1"), _engine_port(engines, "rm-0")
+    port1, port0 = engine_port(engines, "rm-1"), engine_port(engines, "rm-0")
 
     def reload(path: Path) -> None:
         r = httpx.post(
@@ -481,7 +475,7 @@ def test_a_slot_restarted_with_another_dtype_is_another_class(classes_gateway):
     calls = _single_key_disrm(160, seed=31)
     order = list(range(len(calls)))
     reference = asyncio.run(_replay(url, calls, order, 4))
-    old_port = _engine_port(engines, "rm-1")
+    old_port = engine_port(engines, "rm-1")
     _admin(work, "redeploy", "rm-1", json.dumps({"dtype": "bfloat16"}))
 
     def classes_seen() -> bool:
@@ -503,11 +497,11 @@ def test_a_slot_restarted_with_another_dtype_is_another_class(classes_gateway):
     during = asyncio.run(_replay(url, calls, shuffled, 8))
     assert all(during[i][:2] == reference[i][:2] for i in order)
     assert all(during[i][2] == "0" for i in order)
-    new_port = _engine_port(engines, "rm-1")
+    new_port = engine_port(engines, "rm-1")
     assert new_port != old_port
     forced = sum(
         a != b
-        for a, b in zip(_direct(new_port, calls), _direct(_engine_port(engines, "rm-0"), calls))
+        for a, b in zip(_direct(new_port, calls), _direct(engine_port(engines, "rm-0"), calls))
     )
     print(
         f"\nrm-1 restarted in bfloat16: class {card['numerics_classes'][1]} vs "

@@ -215,9 +215,7 @@ def test_next_slot_failover_under_load(serve_run):
     items = sum_items(250, seed=11)
     reference = RewardClient(url, model="rm", concurrency=8, api_key=KEY).score(items)
     metric_before = _failovers(url)
-    port = int(
-        max(engines.glob("rm-0-*.log"), key=lambda p: p.stat().st_mtime).stem.rsplit("-", 1)[1]
-    )
+    port = engine_port(engines, "rm-0")
     result: dict = {}
 
     def run() -> None:

@@ -525,9 +525,11 @@ def test_demo_from_an_empty_directory_builds_into_the_user_cache(demo, tmp_path)
         time.sleep(2)
     assert audit["enabled"] and sum(c["same"] for c in audit["classes"]) >= 1, audit
     assert not any(c["different"] for c in audit["classes"]) and not audit["drained"], audit
-    # the demo's engines proved their prefix cache at start-up and serve with it
+    # the demo's engines checked their prefix cache at start-up and serve as it found (with
+    # it on AVX-512 hosts, without it where warm answers differ: AVX2-only AMD hosts)
     cards = {m["id"]: m for m in models["data"]}
-    assert all(p and p["enabled"] for m in ("judge", "rm") for p in cards[m]["prefix_cache"])
+    reports = [p for m in ("judge", "rm") for p in cards[m]["prefix_cache"]]
+    assert reports and all(p and p["enabled"] is p["check"]["passed"] for p in reports), reports
 
     listeners = listening_sockets(processes_with_env(marker))
     ours = gateway_ports(port, Path(marker), proc.pid)

@@ -96,8 +96,10 @@ async def _replay(url: str, texts: list[str], concurrency: int = 32) -> dict[str
 
 async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gateway):
     url, nodes = cluster_gateway
-    assert [p.name.split("-")[1] for p in nodes["nodeA"].engine_logs("rm")] == ["0"]
-    assert [p.name.split("-")[1] for p in nodes["nodeB"].engine_logs("rm")] == ["1"]
+    # every engine each node started served its slot (a slot whose prefix-cache check
+    # fails on this host starts twice: deployments/engine/prefix_verdicts.py)
+    assert {p.name.split("-")[1] for p in nodes["nodeA"].engine_logs("rm")} == {"0"}
+    assert {p.name.split("-")[1] for p in nodes["nodeB"].engine_logs("rm")} == {"1"}
     ingresses = [
         pid
         for pid in nodes["nodeA"].pids()
@@ -127,7 +129,8 @@ async def test_slots_on_two_nodes_answer_as_one_node_does(cluster_gateway, gatew
 
 def test_an_engine_port_refuses_a_caller_without_the_secret(cluster_gateway):
     _, nodes = cluster_gateway
-    port = nodes["nodeB"].engine_logs("rm")[0].stem.rsplit("-", 1)[1]
+    live = max(nodes["nodeB"].engine_logs("rm"), key=lambda p: p.stat().st_mtime)
+    port = live.stem.rsplit("-", 1)[1]
     code = (
         "import httpx; r = httpx.post('http://127.0.0.1:%s/classify', json={'model': 'rm',"
         " 'input': 'x'}, timeout=30); print(r.status_code)" % port

@@ -156,6 +156,9 @@ async def test_scale_rm_2_3_2_under_load(gateway, gateway_direct_url, tmp_path):
         assert not load.errors, load.errors[:5]
         assert load.answers and all(base[t][2] == probs for t, _, probs in load.answers)
         assert slots_of(url, "rm") == 3
+        # the new slot started one engine: where rm's prefix-cache check failed on this host,
+        # the verdict was remembered (deployments/engine/prefix_verdicts.py)
+        assert len(engine_logs("rm-2")) == 1, engine_logs("rm-2")
         up = await classify_all(url, TEXTS)
         moved = [t for t in TEXTS if up[t][1] != base[t][1]]
         assert all(up[t][1] == 2 for t in moved), "a key moved between old slots"

@@ -132,3 +132,17 @@ def test_on_a_shared_cluster_others_applications_are_kept_and_our_names_must_be_
     assert ours["applications"] == [{"name": "rmgate"}, {"name": "rm-0"}]  # not changed
     with pytest.raises(ValueError, match=r"\['rmgate'\] already run"):
         alongside({"rmgate": {"name": "rmgate"}}, ours)
+
+
+def test_the_start_wait_rides_out_unhealthy_and_stops_at_deploy_failed():
+    """As Serve's own ``serve.run``: UNHEALTHY (a replica failing its health checks, which
+    Serve replaces) is waited out; DEPLOY_FAILED ends the wait at once."""
+    from gateway.serve.admin import wait_until_running
+
+    seen = iter(["DEPLOYING", "UNHEALTHY", "UNHEALTHY", "RUNNING"])
+    wait_until_running(lambda: {"rmgate": next(seen)}, {"rmgate"}, timeout_s=30, poll_s=0.01)
+    failed = iter(["UNHEALTHY", "DEPLOY_FAILED"])
+    with pytest.raises(RuntimeError, match="DEPLOY_FAILED"):
+        wait_until_running(lambda: {"rmgate": next(failed)}, {"rmgate"}, timeout_s=30, poll_s=0.01)
+    with pytest.raises(TimeoutError, match="UNHEALTHY"):
+        wait_until_running(lambda: {"rmgate": "UNHEALTHY"}, {"rmgate"}, timeout_s=0)
