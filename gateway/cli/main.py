@@ -218,7 +218,7 @@ def run_serve_config(
     from ray import serve
 
     from gateway.serve import topology
-    from gateway.serve.admin import deploy_local
+    from gateway.serve.admin import StartCancelled, deploy_local
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     stop = threading.Event()
@@ -265,9 +265,16 @@ def run_serve_config(
             **(dict[str, Any](proxy_location=proxy_location) if address is not None else {}),
         )
         rendered["http_options"] = {"host": host, "port": port}
-        deploy_local(
-            rendered, timeout_s=_startup_timeout(rendered), keep_others=address is not None
-        )
+        try:
+            deploy_local(
+                rendered,
+                timeout_s=_startup_timeout(rendered),
+                keep_others=address is not None,
+                stop=stop,
+            )
+        except StartCancelled:  # Ctrl-C while the engines start: stop as after serving
+            typer.echo("rmgate: stopped while starting; shutting down")
+            return
         typer.echo(
             f"HTTP path: {proxy} -> ingress replica -> engines "
             f"(--proxy {'serve' if proxy == 'haproxy' else 'haproxy'} for the other)"

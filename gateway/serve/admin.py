@@ -10,6 +10,7 @@ waiting for each step to be running.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -58,10 +59,20 @@ def declarative_applications(details: dict[str, Any]) -> dict[str, dict[str, Any
     return out
 
 
-def deploy_local(config: dict[str, Any], timeout_s: float, keep_others: bool = False) -> None:
+class StartCancelled(Exception):
+    """The wait for the applications to run was stopped (Ctrl-C while they start)."""
+
+
+def deploy_local(
+    config: dict[str, Any],
+    timeout_s: float,
+    keep_others: bool = False,
+    stop: threading.Event | None = None,
+) -> None:
     """Apply ``config`` (a Serve deploy config) to the Serve this process is connected to
-    and wait until every application runs. ``keep_others`` (a shared cluster): the
-    applications others deployed stay (``alongside``)."""
+    and wait until every application runs, or ``stop`` is set (``StartCancelled``).
+    ``keep_others`` (a shared cluster): the applications others deployed stay
+    (``alongside``)."""
     from ray import serve
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
@@ -78,7 +89,7 @@ def deploy_local(config: dict[str, Any], timeout_s: float, keep_others: bool = F
         apps = serve.status().applications
         return {name: str(getattr(app.status, "value", app.status)) for name, app in apps.items()}
 
-    wait_until_running(statuses, names, timeout_s)
+    wait_until_running(statuses, names, timeout_s, stop=stop)
 
 
 def wait_until_running(
@@ -87,11 +98,16 @@ def wait_until_running(
     timeout_s: float,
     gone: frozenset[str] | set[str] = frozenset(),
     poll_s: float = 1.0,
+    stop: threading.Event | None = None,
 ) -> None:
     """Poll until every app in ``names`` is RUNNING and every app in ``gone`` is absent;
-    one that failed to deploy ends the wait at once."""
+    one that failed to deploy ends the wait at once, and so does ``stop`` (a Ctrl-C while
+    engines start: ``StartCancelled``)."""
     deadline = time.monotonic() + timeout_s
+    stop = stop or threading.Event()
     while True:
+        if stop.is_set():
+            raise StartCancelled("stopped while the applications were starting")
         now = statuses()
         failed = {n: s for n, s in now.items() if n in names and s in FAILED}
         if failed:
@@ -104,7 +120,7 @@ def wait_until_running(
                 f"not running after {timeout_s:.0f}s: {pending}; "
                 f"still present: {sorted(gone & set(now))}"
             )
-        time.sleep(poll_s)
+        stop.wait(poll_s)
 
 
 def ray_token_header() -> dict[str, str] | None:

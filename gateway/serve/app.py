@@ -146,7 +146,12 @@ class IngressReplica:
         if self.autoscale is not None:
             feed, router = self.autoscale, self.service.router
             jobs.append(
-                lambda: feed.run(self.transport.ongoing, self.slots.as_dict, router.autoscaling)
+                lambda: feed.run(
+                    self.transport.ongoing,
+                    self.slots.as_dict,
+                    router.autoscaling,
+                    self.transport.undescribed,
+                )
             )
         if tracing.ENABLED:  # the spans still queued are exported when the replica stops
             jobs.append(tracing.run_until_shutdown)

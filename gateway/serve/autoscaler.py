@@ -24,7 +24,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -62,6 +62,8 @@ class SlotAutoscaler:
         self.timeout_s = startup_timeout_s
         self.reports: dict[str, tuple[float, dict[str, int]]] = {}
         self.counts: dict[str, int] = {}
+        #: Per model, its slots that do not serve yet (an ingress has not described them).
+        self.starting: dict[str, int] = {}
         #: What the autoscaler is doing per model now ("scaling 1 -> 2").
         self.scaling: dict[str, str] = {}
         #: Models the autoscaler scaled to zero (slot 0 asleep).
@@ -72,12 +74,18 @@ class SlotAutoscaler:
         self._loop: asyncio.Task[None] | None = None
 
     async def report(
-        self, replica: str, ongoing: dict[str, int], counts: dict[str, int], seen: int
+        self,
+        replica: str,
+        ongoing: dict[str, int],
+        counts: dict[str, int],
+        seen: int,
+        starting: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """One ingress replica's load; answers what is scaling now and the decisions
         after ``seen`` (for that replica's metrics)."""
         self.reports[replica] = (time.monotonic(), ongoing)
         self.counts.update(counts)
+        self.starting.update(starting or {})
         if self._loop is None or self._loop.done():
             self._loop = asyncio.get_running_loop().create_task(self._run())
         return {"scaling": dict(self.scaling), "decisions": self.decisions[seen:]}
@@ -99,7 +107,7 @@ class SlotAutoscaler:
                 continue
             ongoing = sum(o.get(model, 0) for o in fresh)
             current = 0 if model in self.asleep else self.counts[model]
-            decision = rule.observe(now, ongoing, current)
+            decision = rule.observe(now, ongoing, current, self.starting.get(model, 0))
             if decision is not None:
                 self.scaling[model] = f"scaling {decision.current} -> {decision.target}"
                 asyncio.get_running_loop().create_task(self._apply(decision))
@@ -191,15 +199,21 @@ class AutoscaleFeed:
         return self._actor
 
     async def run(
-        self, ongoing: Mapping[str, int], counts: Any, status: dict[str, dict[str, Any]]
+        self,
+        ongoing: Mapping[str, int],
+        counts: Callable[[], dict[str, int]],
+        status: dict[str, dict[str, Any]],
+        starting: Callable[[dict[str, int]], dict[str, int]],
     ) -> None:
-        """Forever: every ``TICK_S`` report ``ongoing`` and ``counts()``; keep in ``status``
-        per model what is scaling now and the last decisions (``/v1/models`` shows both)."""
+        """Forever: every ``TICK_S`` report ``ongoing``, ``counts()`` and ``starting`` of
+        them; keep in ``status`` per model what is scaling now and the last decisions
+        (``/v1/models`` shows both)."""
         while True:
             await asyncio.sleep(TICK_S)
             try:
+                now = counts()
                 answer = await self._autoscaler().report.remote(
-                    self.replica, dict(ongoing), counts(), self.seen
+                    self.replica, dict(ongoing), now, self.seen, starting(now)
                 )
             except Exception as exc:  # noqa: BLE001 - its owner went: make a new one
                 logger.warning("autoscaler unreachable (%s); starting another", exc)

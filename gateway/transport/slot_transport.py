@@ -220,6 +220,18 @@ class SlotTransport:
             if (times := self._answer_times.get((model, s))) is not None
         }
 
+    def undescribed(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """Per model, how many of its ``counts`` slots this replica has not described yet
+        (starting: nothing known of them); each is asked in the background, as in
+        ``slot_view``. The autoscaler never scales down a model with such slots."""
+        out: dict[str, int] = {}
+        for model, n in counts.items():
+            unknown = [s for s in range(n) if (model, s) not in self.directory.classes]
+            for slot in unknown:
+                self._discover(model, slot)
+            out[model] = len(unknown)
+        return out
+
     def _discover(self, model: str, slot: int) -> None:
         key = (model, slot)
         if key in self._discovering:

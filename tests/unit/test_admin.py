@@ -4,6 +4,7 @@ changes, and a failed scale rolls back to what was deployed before."""
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 
@@ -146,3 +147,18 @@ def test_the_start_wait_rides_out_unhealthy_and_stops_at_deploy_failed():
         wait_until_running(lambda: {"rmgate": next(failed)}, {"rmgate"}, timeout_s=30, poll_s=0.01)
     with pytest.raises(TimeoutError, match="UNHEALTHY"):
         wait_until_running(lambda: {"rmgate": "UNHEALTHY"}, {"rmgate"}, timeout_s=0)
+
+
+def test_ctrl_c_while_starting_ends_the_wait_at_once():
+    """``rmgate serve``/``demo`` set ``stop`` on SIGINT; a start-up that never completes
+    (a slot removed under it, an engine that keeps failing) must not ignore it."""
+    import threading
+
+    from gateway.serve.admin import StartCancelled, wait_until_running
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(StartCancelled):
+        wait_until_running(lambda: {"rmgate": "DEPLOYING"}, {"rmgate"}, timeout_s=60, stop=stop)
+    assert time.monotonic() - t0 < 5

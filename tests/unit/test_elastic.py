@@ -61,6 +61,21 @@ def test_fewer_slots_after_the_downscale_delay_down_to_min_slots():
     assert floor.observe(30.0, 0, 3).target == 1
 
 
+def test_no_scale_down_while_slots_start_and_the_delay_counts_from_when_all_serve():
+    """A start longer than the downscale delay (an engine that proves its prefix cache and
+    restarts without it) must not be undone the moment it ends."""
+    rule = ScaleRule("judge", SPEC)
+    for t in (0.0, 30.0, 300.0):
+        assert rule.observe(t, 0, 2, starting=1) is None  # slot 1 still starting
+    assert rule.observe(301.0, 0, 2) is None  # both serve: the delay starts now
+    assert rule.observe(330.0, 0, 2) is None
+    d = rule.observe(331.0, 0, 2)
+    assert d is not None and d.target == 0
+    up = ScaleRule("judge", SPEC)  # more load is answered while a slot starts
+    up.observe(0.0, 8, 1, starting=1)
+    assert up.observe(5.0, 8, 1, starting=1).target == 4
+
+
 @given(st.lists(st.tuples(st.floats(0, 3), st.integers(0, 40)), max_size=60), st.integers(0, 4))
 def test_every_decision_moves_towards_the_load_within_bounds(steps, current):
     rule, now = ScaleRule("rm", SPEC), 0.0
@@ -309,3 +324,15 @@ def test_the_clients_awake_block_wakes_on_entry_and_sleeps_on_exit_even_on_error
         user_only = RewardClient("http://g", api_key="user", transport=httpx.ASGITransport(app))
         with user_only, pytest.raises(Exception, match="403"):
             user_only.sleep()
+
+
+async def test_a_slot_counts_as_starting_until_the_ingress_has_described_it():
+    slot = SleepySlot()
+    slot.state = "awake"
+    t = slot_transport(slot)
+    assert t.undescribed({"rm": 1}) == {"rm": 1}  # and asked, in the background
+    for _ in range(100):
+        if t.undescribed({"rm": 1}) == {"rm": 0}:
+            break
+        await asyncio.sleep(0.01)
+    assert t.undescribed({"rm": 1}) == {"rm": 0}

@@ -7,7 +7,9 @@ Serve's rule and names and ``gateway.serve.autoscaler`` applies the decision in 
 gap-free steps. The rule: ``ceil(ongoing / target_ongoing_per_slot)`` slots, within
 ``[min_slots, max_slots]``, once that has held for ``upscale_delay_s`` (more) or
 ``downscale_delay_s`` (fewer). Zero slots is one slot asleep; waking it takes no delay (a
-request waits for it).
+request waits for it). A model with slots still starting is never scaled down: idleness is
+measured on slots that serve, so the downscale delay starts once they all do (else a slow
+start, longer than the delay, would be undone the moment it ends).
 """
 
 from __future__ import annotations
@@ -52,14 +54,16 @@ class ScaleRule:
     def reset(self) -> None:
         self._since, self._up, self._held = None, None, 0
 
-    def observe(self, now: float, ongoing: float, current: int) -> ScaleDecision | None:
-        """The decision this observation completes, if any. ``current``: slots serving
-        now (0 when scaled to zero)."""
+    def observe(
+        self, now: float, ongoing: float, current: int, starting: int = 0
+    ) -> ScaleDecision | None:
+        """The decision this observation completes, if any. ``current``: the model's slots
+        (0 when scaled to zero); ``starting``: how many of them do not serve yet."""
         want = self.desired(ongoing)
-        if want == current:
+        up = want > current
+        if want == current or (starting and not up):
             self.reset()
             return None
-        up = want > current
         if self._since is None or self._up is not up:
             self._since, self._up, self._held = now, up, want
         else:
