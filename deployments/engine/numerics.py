@@ -18,6 +18,7 @@ import httpx
 
 from deployments.engine.args import EnginePlan, Platform, engine_headers
 from deployments.engine.fingerprint import vllm_version
+from deployments.engine.fixed_shape import ONE_SPLIT_ENV
 from deployments.engine.selftest import probe_requests
 from deployments.engine.sleep_gate import PROBE_HEADER
 from gateway.core.api.answers import answer_of
@@ -153,6 +154,7 @@ def slot_identity(
     if plan.step_tokens is not None:  # fixed_shape: the padded shape chooses the kernels
         identity["step_tokens"] = plan.step_tokens
         identity["head_rows"] = plan.head_rows
+        identity["attention_splits"] = 1 if plan.env.get(ONE_SPLIT_ENV) == "1" else None
     if platform.device == "cuda":
         identity["compute_capability"] = list(platform.compute_capability or ())
         identity["driver"] = _gpu_driver()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from deployments.engine.fixed_shape import pad_classifier_rows
+from deployments.engine.fixed_shape import one_split_attention, pad_classifier_rows
 
 #: The environment variable that bounds the busy-wait (seconds); unset: vLLM's own.
 SPIN_ENV = "RMGATE_ENGINE_SPIN_S"
@@ -52,6 +52,7 @@ def bound_busy_wait() -> float | None:
 
 bound_busy_wait()  # at import: spawned engine processes import this module as their main
 pad_classifier_rows()  # fixed_shape's score head at one row count (RMGATE_FIXED_HEAD_ROWS)
+one_split_attention()  # fixed_shape's attention in one split (RMGATE_ATTENTION_ONE_SPLIT)
 
 
 def run_server() -> None:

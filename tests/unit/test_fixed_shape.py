@@ -6,11 +6,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
 from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
-from deployments.engine.fixed_shape import HEAD_ROWS_ENV, padded_rows
+from deployments.engine.fixed_shape import (
+    HEAD_ROWS_ENV,
+    ONE_SPLIT_ENV,
+    SplitsAsBatchInvariant,
+    one_split_attention,
+    padded_rows,
+)
 from deployments.engine.numerics import slot_identity
 from deployments.engine.selftest import SelfTestResult, prove_batching
 from gateway.core.config.settings import ModelSpec
@@ -52,6 +59,7 @@ def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences(
     assert opts["max-num-batched-tokens"] == "8192" and opts["max-num-seqs"] == "256"
     assert opts["attention-backend"] == "FLASH_ATTN" and plan.attention_backend == "FLASH_ATTN"
     assert plan.env[HEAD_ROWS_ENV] == "256" and "VLLM_BATCH_INVARIANT" not in plan.env
+    assert plan.env[ONE_SPLIT_ENV] == "1"
     assert (plan.step_tokens, plan.head_rows) == (8192, 256)
     # the user's budget and sequences are the padded shape; other compilation keys stay
     mine = plan_engine(
@@ -96,6 +104,7 @@ def test_its_own_class_and_the_shape_is_part_of_it():
 
     fixed = identity(spec())
     assert fixed["mode"] == "fixed_shape" and fixed["step_tokens"] == 8192
+    assert fixed["attention_splits"] == 1
     assert identity(spec(determinism="batch_invariant")) != fixed
     assert "step_tokens" not in identity(spec(determinism="batch_invariant"))
     # a budget is a capacity knob elsewhere; here it is the shape the kernels see
@@ -150,24 +159,45 @@ def test_the_padded_head_answers_what_the_head_answers_at_any_row_count():
     assert [p.data_ptr() for p in padded.parameters()] == [head.weight.data_ptr()]
 
 
+def test_one_split_attention_reads_batch_invariant_splits_and_nothing_else(monkeypatch):
+    real = types.SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_OTHER="x")
+    backend = types.SimpleNamespace(envs=real)
+    monkeypatch.delenv(ONE_SPLIT_ENV, raising=False)
+    assert one_split_attention(backend) is False and backend.envs is real
+    monkeypatch.setenv(ONE_SPLIT_ENV, "1")
+    assert one_split_attention(backend) is True
+    assert backend.envs.VLLM_BATCH_INVARIANT is True and backend.envs.VLLM_OTHER == "x"
+    real.VLLM_OTHER = "y"  # read through at each access, never copied
+    assert backend.envs.VLLM_OTHER == "y"
+    assert one_split_attention(backend) is True  # applied once, not wrapped twice
+    assert isinstance(backend.envs, SplitsAsBatchInvariant) and backend.envs._real is real
+    assert one_split_attention(types.SimpleNamespace()) is False  # no such backend
+
+
 def test_the_server_module_pads_vllms_head_in_the_engine_processes():
     """In a fresh interpreter, as the engine starts: ``RMGATE_FIXED_HEAD_ROWS`` replaces the
-    sequence classifier head's forward; unset, vLLM's stays."""
+    sequence classifier head's forward and ``RMGATE_ATTENTION_ONE_SPLIT`` gives the
+    FlashAttention backend one split; unset, vLLM's stay."""
     code = (
         "from deployments.engine import vllm_server;"
         "from vllm.model_executor.layers.pooler.seqwise import heads as h;"
-        "print(getattr(h.ClassifierPoolerHead, '_rmgate_rows', None))"
+        "from vllm.v1.attention.backends import flash_attn as fa;"
+        "print(getattr(h.ClassifierPoolerHead, '_rmgate_rows', None), fa.envs.VLLM_BATCH_INVARIANT)"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k != HEAD_ROWS_ENV}
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in (HEAD_ROWS_ENV, ONE_SPLIT_ENV, "VLLM_BATCH_INVARIANT")
+    }
     unset = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
     )
     padded = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
-        env={**env, HEAD_ROWS_ENV: "256"},
+        env={**env, HEAD_ROWS_ENV: "256", ONE_SPLIT_ENV: "1"},
         capture_output=True,
         text=True,
     )
-    assert unset.stdout.strip() == "None", unset.stderr[-2000:]
-    assert padded.stdout.strip() == "256", padded.stderr[-2000:]
+    assert unset.stdout.strip() == "None False", unset.stderr[-2000:]
+    assert padded.stdout.strip() == "256 True", padded.stderr[-2000:]
