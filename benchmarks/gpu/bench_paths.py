@@ -392,13 +392,15 @@ def _shipped_big(
     )
 
 
-def _candidates_rm(size: str) -> Layout:
+def _candidates_rm(size: str, llama_too: bool = False) -> Layout:
     """configs/gpu.yaml's DisRM at ``size`` as shipped (batch-invariant, TRITON_ATTN, a
     32k-token step) and the ``fixed_shape`` candidate (8,192-token steps, FA3 in one split,
     the head at 256 rows), each beside the same engine under ``off`` (one variable: the
     mode), one slot each; the framework anchors (SDPA, packed FA3) alone on the GPU before
     the gateway. The candidate first, should the deadline cut the end. Every answer's bits
-    compared within its class across paths, rounds and concurrency 1 and 256."""
+    compared within its class across paths, rounds and concurrency 1 and 256.
+    ``llama_too`` (a GPU of 120+ GiB): the candidate and its ``off`` twin on the
+    Llama-3.1-8B shape too (``rm-auto-llama``, ``rm-off-llama``)."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "")
     rm.kv_gib = 1.25
@@ -408,20 +410,29 @@ def _candidates_rm(size: str) -> Layout:
     models = [rm, variant(rm, "", mode="off"), fs, variant(fs, "fs", mode="off")]
     paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
     c1 = ("engine_auto", "engine_off", "rmgate_direct")
+    phases = [
+        _tp("rm", [256], *paths, model_tag="fs", rounds=2, bits=True),
+        _tp("rm", [256], *paths, rounds=2, bits=True),
+        _tp("rm", [1], *c1, model_tag="fs", label="c1", bits=True, n=48),
+        _tp("rm", [1], *c1, label="c1", bits=True, n=48),
+    ]
+    before = [("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})]
+    if llama_too:
+        llama = variant(fs, "llama")
+        llama.shape = SIZES["8b"][1]
+        models += [llama, variant(llama, "llama", mode="off")]
+        phases.insert(1, _tp("rm", [256], *paths, model_tag="llama", rounds=2, bits=True))
+        phases.insert(4, _tp("rm", [1], *c1, model_tag="llama", label="c1", bits=True, n=48))
+        before.append(("framework", {"kind": "rm", "attn": ["sdpa", "fa3"], "shape": llama.shape}))
     return Layout(
         size,
         models,
         [],
-        [
-            _tp("rm", [256], *paths, model_tag="fs", rounds=2, bits=True),
-            _tp("rm", [256], *paths, rounds=2, bits=True),
-            _tp("rm", [1], *c1, model_tag="fs", label="c1", bits=True, n=48),
-            _tp("rm", [1], *c1, label="c1", bits=True, n=48),
-        ],
+        phases,
         {"rm": (1024, 96)},
         config="configs/gpu.yaml",
         ingress_replicas=ingress,
-        before_gateway=[("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})],
+        before_gateway=before,
         note=f"configs/gpu.yaml's DisRM at {size}: batch_invariant (shipped) and fixed_shape "
         "(FA3, one split), each beside its off twin; KV 1.25 GiB; framework anchors first",
     )
@@ -458,6 +469,8 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     # (Qwen2-7B and Llama-3.1-8B shapes), the framework anchors first.
     "candidates-7b": lambda: _candidates_rm("7b"),
     "candidates-8b": lambda: _candidates_rm("8b"),
+    # Both shapes in one run (six engines: a 141 GB GPU): the candidate on Llama-3.1-8B too.
+    "candidates-7b-8b": lambda: _candidates_rm("7b", llama_too=True),
     # configs/gpu.yaml's judge: batch_invariant with TRITON_ATTN and with FA3, FA3 under off.
     "judge-7b": lambda: _candidates_grm("7b"),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
