@@ -110,12 +110,15 @@ def test_oversize_body_is_413(gateway):
 
 
 def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway):
-    """Kill two engines at once (failover ``wait``; their restarts overlap):
+    """Kill three engines at once (failover ``wait``; their restarts overlap):
 
     * judge-1: the health check restarts the replica, the request for that slot waits for
       it (it never moves to slot 0), and the answer has the same bits;
     * rm-0 under a 300-request ``RewardClient`` load: 0 lost, 0 changed, none duplicated,
-      same order."""
+      same order;
+    * rm-large-0, the wide classifier, whose prefix-cache check fails on every host: the
+      failure is remembered (deployments/engine/prefix_verdicts.py), so its slot comes
+      back on one new engine, without the cache, and says where the verdict is kept."""
     url, _ = gateway
     body = next(
         b
@@ -127,6 +130,7 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     old_fp = httpx.get(url + "/v1/models", timeout=30).json()
     engine_dir = Path(os.environ.get("RMGATE_TEST_LOG_ROOT", "/nonexistent")) / "engines"
     logs = sorted(engine_dir.glob("judge-1-*.log"))
+    large_logs = set(engine_dir.glob("rm-large-0-*.log"))
     items = sum_items(300, seed=9)
     reference = RewardClient(url, model="rm", concurrency=8).score(items)
     result: dict = {}
@@ -139,6 +143,7 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     time.sleep(1.0)
     os.killpg(engine_launcher_pid(engine_port(engine_dir, "rm-0")), signal.SIGKILL)
     os.killpg(engine_launcher_pid(engine_port(engine_dir, "judge-1")), signal.SIGKILL)
+    os.killpg(engine_launcher_pid(engine_port(engine_dir, "rm-large-0")), signal.SIGKILL)
     t0 = time.monotonic()
     after = httpx.post(url + "/v1/chat/completions", json=body, timeout=400)
     worker.join(timeout=600)
@@ -156,20 +161,38 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
         "slot 1 should run on one new engine"
     )
     print(f"slot 1 answered again {time.monotonic() - t0:.0f}s after its engine was killed")
-    new_fp = httpx.get(url + "/v1/models", timeout=30).json()
 
-    def judge(models: dict) -> dict:
-        return next(m for m in models["data"] if m["id"] == "judge")
+    def card(models: dict, name: str) -> dict:
+        return next(m for m in models["data"] if m["id"] == name)
 
-    # where slot 1 runs changed (a new engine process), nothing else did: the fingerprints
-    # and numerics survive the restart (same build, same model)
-    assert judge(new_fp)["nodes"][1]["engine_pid"] != judge(old_fp)["nodes"][1]["engine_pid"]
+    old_large = card(old_fp, "rm-large")["nodes"][0]["engine_pid"]
+    deadline = time.monotonic() + 600
+    while True:
+        new_fp = httpx.get(url + "/v1/models", timeout=30).json()
+        large = card(new_fp, "rm-large")
+        pid = (large["nodes"][0] or {}).get("engine_pid")
+        if pid not in (None, old_large) and large["health"] == ["healthy"]:
+            break
+        assert time.monotonic() < deadline, large
+        time.sleep(2)
+    r = httpx.post(url + "/classify", json={"model": "rm-large", "input": "2+3=5"}, timeout=300)
+    assert r.status_code == 200, r.text
+    new_large = set(engine_dir.glob("rm-large-0-*.log")) - large_logs
+    assert len(new_large) == 1, sorted(p.name for p in new_large)
+    (report,) = large["prefix_cache"]
+    assert report["enabled"] is False and "differ warm alone" in report["check"]["reason"]
+    assert Path(report["remembered"]["file"]).is_file(), report
+    assert "prefix_cache=on" not in large["fingerprints"][0]
+    # where slots judge-1 and rm-large-0 run changed (new engine processes), nothing else
+    # did: the fingerprints and numerics survive the restarts (same build, same model)
+    new_judge, old_judge = card(new_fp, "judge")["nodes"][1], card(old_fp, "judge")["nodes"][1]
+    assert new_judge["engine_pid"] != old_judge["engine_pid"]
     for models in (old_fp, new_fp):
-        for card in models["data"]:
-            card.pop("nodes")
-            for report in card.get("prefix_cache") or []:  # the verdict's file, when recalled
-                if report:
-                    report.pop("remembered", None)
+        for model in models["data"]:
+            model.pop("nodes")
+            for check in model.get("prefix_cache") or []:  # the verdict's file, when recalled
+                if check:
+                    check.pop("remembered", None)
     assert new_fp == old_fp
 
 
