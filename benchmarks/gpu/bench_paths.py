@@ -400,7 +400,9 @@ def _candidates_rm(size: str, llama_too: bool = False) -> Layout:
     the gateway. The candidate first, should the deadline cut the end. Every answer's bits
     compared within its class across paths, rounds and concurrency 1 and 256.
     ``llama_too`` (a GPU of 120+ GiB): the candidate and its ``off`` twin on the
-    Llama-3.1-8B shape too (``rm-auto-llama``, ``rm-off-llama``)."""
+    Llama-3.1-8B shape too (``rm-auto-llama``, ``rm-off-llama``). On an 80 GB GPU the
+    batch-invariant engine's ``off`` twin ran out of memory at its first 32k-token step
+    (h100-2026-12-07b-candidates-7b): ``memory_gib`` counts no step activations."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "")
     rm.kv_gib = 1.25

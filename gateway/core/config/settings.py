@@ -163,10 +163,11 @@ class ModelSpec(BaseModel):
         default="auto",
         description=(
             "`batch_invariant` (vLLM's batch-invariant kernels: batched, the same bits), "
-            "`fixed_shape` (DisRM on CUDA, experimental: every step padded to one token "
-            "count so vLLM's standard kernels see one shape; proven by the start-up self-test, "
-            "else `batch_invariant`; one answer in 2,048 differed under load at 7B, so "
-            "neither `auto` nor a shipped config uses it: docs/determinism.md), "
+            "`fixed_shape` (DisRM on CUDA: every step padded to one token count so vLLM's "
+            "standard kernels see one shape, the score head at one row count, FlashAttention "
+            "in one split; proven by the start-up self-test, else `batch_invariant`; 1.31× "
+            "`batch_invariant` at 7B, slower for a lone request; `configs/gpu.yaml`'s DisRM: "
+            "docs/determinism.md), "
             "`serialize` (one sequence at a time, prefix caching off), `off` (vLLM's defaults, "
             "no guarantee), `auto` (batch_invariant where the platform has it, e.g. CUDA; "
             "serialize otherwise, e.g. CPU)."
