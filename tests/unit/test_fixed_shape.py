@@ -16,6 +16,7 @@ from deployments.engine.fixed_shape import (
     ONE_SPLIT_ENV,
     SplitsAsBatchInvariant,
     one_split_attention,
+    pad_lm_head,
     padded_rows,
 )
 from deployments.engine.numerics import slot_identity
@@ -84,10 +85,27 @@ def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences(
     assert mine.args.count("--compilation-config") == 1 and mine.max_inflight == 64
 
 
+def test_a_judge_steps_at_a_small_budget_and_its_lm_head_at_the_sequences():
+    """A judge's decode steps are padded too: its default budget is about a busy step
+    (256 decodes and a few prompts' chunks), not the DisRM's 8,192."""
+    plan = plan_engine(spec(kind="generative", name="judge"), H100, port=9)
+    opts = options(plan)
+    assert plan.mode == "fixed_shape" and (plan.step_tokens, plan.head_rows) == (1024, 256)
+    assert json.loads(opts["compilation-config"])["cudagraph_capture_sizes"] == [1024]
+    assert opts["max-num-batched-tokens"] == "1024" and opts["attention-backend"] == "FLASH_ATTN"
+    assert plan.env[HEAD_ROWS_ENV] == "256" and plan.env[ONE_SPLIT_ENV] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in plan.env
+    own = plan_engine(
+        spec(kind="generative", engine_args={"max_num_batched_tokens": 512}), H100, port=9
+    )
+    assert own.step_tokens == 512
+
+
 @pytest.mark.parametrize(
     "kw,platform,match",
     [
-        ({"kind": "generative"}, H100, "discriminative"),
+        ({"engine_args": {"max_num_batched_tokens": 128}}, H100, "at least max_num_seqs"),
+        ({"kind": "generative", "engine_args": {"max_num_seqs": 2048}}, H100, "at least"),
         ({}, CPU, "CUDA"),
         ({"engine_args": {"enforce_eager": True}}, H100, "enforce_eager"),
         ({"engine_args": {"compilation_config": {"cudagraph_mode": "NONE"}}}, H100, "cudagraph"),
@@ -159,6 +177,42 @@ def test_the_padded_head_answers_what_the_head_answers_at_any_row_count():
     assert [p.data_ptr() for p in padded.parameters()] == [head.weight.data_ptr()]
 
 
+def test_the_lm_head_sees_one_row_count_and_answers_as_unpadded():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    seen: list[int] = []
+
+    class Processor:  # vLLM's LogitsProcessor as far as the patch cares
+        def forward(self, lm_head, hidden_states, embedding_bias=None):
+            seen.append(int(hidden_states.shape[0]))
+            return hidden_states @ lm_head.T * 2.0  # the scale after the projection
+
+        def get_top_tokens(self, lm_head, hidden_states, embedding_bias=None):
+            seen.append(int(hidden_states.shape[0]))
+            return (hidden_states @ lm_head.T).argmax(-1)
+
+    plain = Processor()
+    want = {n: torch.randn(n, 16, dtype=torch.float64) for n in (1, 7, 8, 9, 30)}
+    expected = {
+        n: (plain.forward(weight, x), plain.get_top_tokens(weight, x)) for n, x in want.items()
+    }
+    seen.clear()
+    assert pad_lm_head(8, Processor) is True
+    assert pad_lm_head(8, Processor) is True  # applied once, not wrapped twice
+    for n, x in want.items():
+        logits = Processor().forward(weight, hidden_states=x)
+        assert logits.shape == (n, 50) and torch.allclose(logits, expected[n][0])
+        assert torch.equal(Processor().get_top_tokens(weight, x), expected[n][1])
+    # what it is for: a row answers the same bits alone as among others
+    batch = want[30]
+    together = Processor().forward(weight, batch)
+    for i in (0, 7, 8, 29):
+        assert torch.equal(Processor().forward(weight, batch[i : i + 1])[0], together[i])
+    assert seen and set(seen) == {8}
+    assert pad_lm_head(8, type("NoTop", (), {"forward": Processor.forward})) is True
+
+
 def test_one_split_attention_reads_batch_invariant_splits_and_nothing_else(monkeypatch):
     real = types.SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_OTHER="x")
     backend = types.SimpleNamespace(envs=real)
@@ -176,13 +230,16 @@ def test_one_split_attention_reads_batch_invariant_splits_and_nothing_else(monke
 
 def test_the_server_module_pads_vllms_head_in_the_engine_processes():
     """In a fresh interpreter, as the engine starts: ``RMGATE_FIXED_HEAD_ROWS`` replaces the
-    sequence classifier head's forward and ``RMGATE_ATTENTION_ONE_SPLIT`` gives the
-    FlashAttention backend one split; unset, vLLM's stay."""
+    sequence classifier head's and the logits processor's forward, and
+    ``RMGATE_ATTENTION_ONE_SPLIT`` gives the FlashAttention backend one split; unset,
+    vLLM's stay."""
     code = (
         "from deployments.engine import vllm_server;"
         "from vllm.model_executor.layers.pooler.seqwise import heads as h;"
         "from vllm.v1.attention.backends import flash_attn as fa;"
-        "print(getattr(h.ClassifierPoolerHead, '_rmgate_rows', None), fa.envs.VLLM_BATCH_INVARIANT)"
+        "from vllm.model_executor.layers.logits_processor import LogitsProcessor as lp;"
+        "print(getattr(h.ClassifierPoolerHead, '_rmgate_rows', None),"
+        " getattr(lp, '_rmgate_rows', None), fa.envs.VLLM_BATCH_INVARIANT)"
     )
     env = {
         k: v
@@ -199,5 +256,5 @@ def test_the_server_module_pads_vllms_head_in_the_engine_processes():
         capture_output=True,
         text=True,
     )
-    assert unset.stdout.strip() == "None False", unset.stderr[-2000:]
-    assert padded.stdout.strip() == "256 True", padded.stderr[-2000:]
+    assert unset.stdout.strip() == "None None False", unset.stderr[-2000:]
+    assert padded.stdout.strip() == "256 256 True", padded.stderr[-2000:]

@@ -283,3 +283,24 @@ def test_framework_anchor_packed_varlen_scores_match_sdpa(tmp_path, monkeypatch,
         1.0, max(abs(x) for x in got["sdpa"])
     )
     assert len(set(got["fa3"])) == len(texts)  # every sequence its own score
+
+
+def test_judge_fixed_shape_layout_measures_each_budget_beside_vllms_default_engine():
+    """Each fixed_shape budget beside one engine under `off`: the shipped judge's settings
+    with FA3 (vLLM's default on Hopper), the only change from the candidates being the mode
+    and the budget; the off paths of every phase reach that engine."""
+    layout = bp.LAYOUTS["judge-fixed-shape-7b"]()
+    assert bp.memory_gib(layout) < 74
+    cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+    off = models["grm-off-fa3"]
+    assert off["determinism"] == "off" and off["engine_args"]["attention_backend"] == "FLASH_ATTN"
+    assert "max_num_batched_tokens" not in off["engine_args"]  # vLLM's own budget
+    for budget in (512, 1024):
+        fs = models[f"grm-auto-fs{budget}"]
+        assert fs["determinism"] == "fixed_shape"
+        assert fs["engine_args"].pop("max_num_batched_tokens") == budget
+        assert fs["engine_args"] == off["engine_args"]
+    throughput = [kw for phase, kw in layout.phases if phase == "throughput"]
+    assert {kw["off_tag"] for kw in throughput} == {"fa3"}
+    assert sorted(kw["levels"][0] for kw in throughput) == [1, 1, 256, 256]
