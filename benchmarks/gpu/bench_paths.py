@@ -539,6 +539,7 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     # The DisRM's fixed_shape and its off twin alone, 3,072 requests a round (steady state).
     "fixed-shape-7b": lambda: _candidates_rm("7b", bi_too=False),
     "fixed-shape-8b": lambda: _candidates_rm("8b", bi_too=False),
+    "fixed-shape-7b-8b": lambda: _candidates_rm("7b", llama_too=True, bi_too=False),
     # The judge under fixed_shape at two token budgets beside vLLM's default engine (off).
     "judge-fixed-shape-7b": lambda: _judge_fixed_shape("7b", (512, 1024)),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine

@@ -17,7 +17,8 @@ sampled token's logprob) against the same chats inside one batch of 192; the tim
 in one call. ``gen-pad-*`` pads every step to ``GEN_TOKENS`` tokens (one captured size
 equal to the token budget, ``max_num_seqs`` the same: a decode step of the full batch is
 one captured step) and the LM head to that many rows (``pad_lm_head``: it runs on the
-rows that sample, a count that follows the batch).
+rows that sample, a count that follows the batch: ``deployments.engine.fixed_shape``'s
+``pad_lm_head``).
 
 Every setting runs its engine in the child's own process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the head patch of
@@ -68,25 +69,6 @@ SETTINGS.update(
 )
 
 
-def pad_lm_head(rows: int) -> None:
-    """vLLM's LogitsProcessor at ``rows`` rows (zero rows appended, dropped after): the LM
-    head's matmul at one shape whatever number of sequences sample in the step."""
-    import torch
-    from vllm.model_executor.layers import logits_processor as lp
-
-    forward = lp.LogitsProcessor.forward
-
-    def padded(self: Any, lm_head: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
-        n = int(hidden.shape[0])
-        if n >= rows:
-            return forward(self, lm_head, hidden, *args, **kwargs)
-        full = torch.cat([hidden, hidden.new_zeros((rows - n, *hidden.shape[1:]))])
-        out = forward(self, lm_head, full, *args, **kwargs)
-        return None if out is None else out[:n]
-
-    lp.LogitsProcessor.forward = padded
-
-
 def chats(n: int) -> list[list[dict[str, str]]]:
     return [
         [{"role": "user", "content": p[: 40 + (i * 37) % 400]}] for i, p in enumerate(prompts(n))
@@ -95,6 +77,8 @@ def chats(n: int) -> list[list[dict[str, str]]]:
 
 def gen_child(spec: dict[str, Any]) -> dict[str, Any]:
     if os.environ.get("RMGATE_PROBE_LM_HEAD_ROWS"):
+        from deployments.engine.fixed_shape import pad_lm_head
+
         pad_lm_head(int(os.environ["RMGATE_PROBE_LM_HEAD_ROWS"]))
     from vllm import LLM, SamplingParams
 
