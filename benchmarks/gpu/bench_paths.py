@@ -341,7 +341,7 @@ def _shipped_big(
     size: str, judge_tag: str, judge_change: dict[str, Any], llama_too: bool = False
 ) -> Layout:
     """configs/gpu.yaml (the 7-8B config) at ``size``: its DisRM as shipped
-    (``fixed_shape``) and the same engine under ``off``; its judge (batch-invariant), with
+    (``fixed_shape``) and the same engine under ``off``; its judge as shipped, with
     ``judge_change`` applied to both judge engines (a candidate setting), and the same
     engine under ``off``; the framework anchors (SDPA and packed FlashAttention-3) alone on
     the GPU before the gateway starts. Four 7-8B engines fit one 80 GB GPU only with less
@@ -393,8 +393,8 @@ def _shipped_big(
 
 
 def _candidates_rm(size: str, llama_too: bool = False, bi_too: bool = True) -> Layout:
-    """configs/gpu.yaml's DisRM at ``size`` as shipped (batch-invariant, TRITON_ATTN, a
-    32k-token step) and the ``fixed_shape`` candidate (8,192-token steps, FA3 in one split,
+    """configs/gpu.yaml's DisRM at ``size`` batch-invariant (TRITON_ATTN, a 32k-token step:
+    as shipped before ``fixed_shape``) and the ``fixed_shape`` candidate (8,192-token steps, FA3 in one split,
     the head at 256 rows), each beside the same engine under ``off`` (one variable: the
     mode), one slot each; the framework anchors (SDPA, packed FA3) alone on the GPU before
     the gateway. The candidate first, should the deadline cut the end. Every answer's bits
@@ -407,7 +407,13 @@ def _candidates_rm(size: str, llama_too: bool = False, bi_too: bool = True) -> L
     that long is steady state: the ramp and the tail, where a padded step is part empty,
     weigh less)."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
-    rm = variant(shipped["rm"], "")
+    rm = variant(
+        shipped["rm"],
+        "",
+        mode="batch_invariant",
+        attention_backend="TRITON_ATTN",
+        max_num_batched_tokens=32768,
+    )
     rm.kv_gib = 1.25
     fs = variant(
         rm, "fs", mode="fixed_shape", attention_backend="FLASH_ATTN", max_num_batched_tokens=8192
@@ -448,12 +454,19 @@ def _candidates_rm(size: str, llama_too: bool = False, bi_too: bool = True) -> L
 
 
 def _candidates_grm(size: str) -> Layout:
-    """configs/gpu.yaml's judge at ``size`` as shipped (batch-invariant, TRITON_ATTN), the
-    same under batch invariance with FA3 (a candidate), and the FA3 engine under ``off``
-    (vLLM's own default backend on Hopper: the engine a user runs without rmgate); KV
-    3 GiB each (256 chats of ~220 tokens). Every answer's bits compared within its class."""
+    """configs/gpu.yaml's judge at ``size`` batch-invariant with TRITON_ATTN (as shipped
+    before ``fixed_shape``, with vLLM's own token budget), the same with FA3 (a
+    candidate), and the FA3 engine under ``off`` (vLLM's own default backend on Hopper:
+    the engine a user runs without rmgate); KV 3 GiB each (256 chats of ~220 tokens).
+    Every answer's bits compared within its class."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
-    grm = variant(shipped["grm"], "")
+    grm = variant(
+        shipped["grm"],
+        "",
+        mode="batch_invariant",
+        attention_backend="TRITON_ATTN",
+        max_num_batched_tokens=None,
+    )
     grm.kv_gib = 3.0
     fa3 = variant(grm, "fa3", attention_backend="FLASH_ATTN")
     paths = ("engine_auto", "rmgate_auto", "rmgate_direct", "engine_off")
@@ -484,7 +497,9 @@ def _judge_fixed_shape(size: str, budgets: tuple[int, ...]) -> Layout:
     shipped, ingress = shipped_models("configs/gpu.yaml")
     grm = variant(shipped["grm"], "")
     grm.kv_gib = 3.0
-    models = [variant(grm, "fa3", mode="off", attention_backend="FLASH_ATTN")]
+    # vLLM's own engine: FA3 and vLLM's own token budget (the shipped judge sets 512)
+    vllm_default = {"attention_backend": "FLASH_ATTN", "max_num_batched_tokens": None}
+    models = [variant(grm, "fa3", mode="off", **vllm_default)]
     phases = []
     for budget in budgets:
         tag = f"fs{budget}"
@@ -1566,7 +1581,7 @@ class Bench:
                 "max_num_seqs": m.max_num_seqs,
                 "kv_cache_memory_bytes": int(m.kv_gib * GIB),
                 "max_tokens": self.layout.gen_tokens,
-                "max_num_batched_tokens": int(m.extra.get("max_num_batched_tokens", 8192)),
+                "max_num_batched_tokens": int(m.extra.get("max_num_batched_tokens") or 8192),
                 "inputs": [
                     grm_text(50_000 + i) if kind == "grm" else rm_text(50_000 + i) for i in range(n)
                 ],

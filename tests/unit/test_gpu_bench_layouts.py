@@ -304,3 +304,28 @@ def test_judge_fixed_shape_layout_measures_each_budget_beside_vllms_default_engi
     throughput = [kw for phase, kw in layout.phases if phase == "throughput"]
     assert {kw["off_tag"] for kw in throughput} == {"fa3"}
     assert sorted(kw["levels"][0] for kw in throughput) == [1, 1, 256, 256]
+
+
+def test_candidate_layouts_keep_the_batch_invariant_engines_they_measured():
+    """judge-7b measured the judge batch-invariant on TRITON_ATTN at vLLM's own budget (as
+    shipped then): it stays that, whatever configs/gpu.yaml's judge now runs."""
+    layout = bp.LAYOUTS["judge-7b"]()
+    cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+    assert models["grm-auto"]["determinism"] == "batch_invariant"
+    assert models["grm-auto"]["engine_args"]["attention_backend"] == "TRITON_ATTN"
+    assert "max_num_batched_tokens" not in models["grm-auto"]["engine_args"]
+    assert models["grm-off-fa3"]["determinism"] == "off"
+    # and candidates-7b its DisRM batch-invariant on TRITON_ATTN at a 32k step beside the
+    # fixed_shape candidate, which the fixed-shape-* layouts measure alone
+    layout = bp.LAYOUTS["candidates-7b"]()
+    cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+    bi, fs = models["rm-auto"], models["rm-auto-fs"]
+    assert bi["determinism"] == "batch_invariant"
+    assert bi["engine_args"]["attention_backend"] == "TRITON_ATTN"
+    assert bi["engine_args"]["max_num_batched_tokens"] == 32768
+    alone = bp.serve_config(*(lambda lay: (lay, built(lay)))(bp.LAYOUTS["fixed-shape-7b"]()))
+    same = {m["name"]: m for m in alone["applications"][0]["args"]["models"]}["rm-auto-fs"]
+    for key in ("determinism", "engine_args", "engine_env"):
+        assert same[key] == fs[key], key

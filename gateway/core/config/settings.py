@@ -163,11 +163,13 @@ class ModelSpec(BaseModel):
         default="auto",
         description=(
             "`batch_invariant` (vLLM's batch-invariant kernels: batched, the same bits), "
-            "`fixed_shape` (DisRM on CUDA: every step padded to one token count so vLLM's "
-            "standard kernels see one shape, the score head at one row count, FlashAttention "
-            "in one split; proven by the start-up self-test, else `batch_invariant`; 1.31× "
-            "`batch_invariant` at 7B, slower for a lone request; `configs/gpu.yaml`'s DisRM: "
-            "docs/determinism.md), "
+            "`fixed_shape` (CUDA: every step padded to one token count, 8192 for a DisRM and "
+            "512 for a judge unless `max_num_batched_tokens` is set, so vLLM's standard "
+            "kernels see one shape; the score head or lm_head at one row count, "
+            "FlashAttention in one split; proven by the start-up self-test, else "
+            "`batch_invariant`; at 7B a DisRM 1.31× `batch_invariant` and a judge 1.23× "
+            "vLLM's own engine under `off`, both slower for a lone request; "
+            "`configs/gpu.yaml`: docs/determinism.md), "
             "`serialize` (one sequence at a time, prefix caching off), `off` (vLLM's defaults, "
             "no guarantee), `auto` (batch_invariant where the platform has it, e.g. CUDA; "
             "serialize otherwise, e.g. CPU)."
