@@ -542,6 +542,35 @@ def _judge_fixed_shape(size: str, budgets: tuple[int, ...]) -> Layout:
     )
 
 
+def _two_slots(size: str) -> Layout:
+    """configs/gpu.yaml's judge and DisRM as shipped (``fixed_shape``), two slots each on
+    one GPU: every request answered by one slot (``engine_auto``: request i to slot
+    i mod 2), by the other (``engine_auto_other_slot``) and through rmgate, every answer's
+    bits compared: two slots of one numerics class answer alike. KV 1.25 / 3 GiB (the
+    footprint of ``shipped-7b``)."""
+    shipped, ingress = shipped_models("configs/gpu.yaml")
+    rm = variant(shipped["rm"], "", slots=2)
+    rm.kv_gib = 1.25
+    grm = variant(shipped["grm"], "", slots=2)
+    grm.kv_gib = 3.0
+    paths = ("engine_auto", "engine_auto_other_slot", "rmgate_direct")
+    return Layout(
+        size,
+        [rm, grm],
+        [],
+        [
+            _tp("rm", [256], *paths, bits=True),
+            _tp("grm", [256], *paths, bits=True),
+            _tp("rm", [1], "engine_auto_other_slot", label="c1", bits=True, n=48),
+        ],
+        {"rm": (1024, 96), "grm": (1024, 12)},
+        config="configs/gpu.yaml",
+        ingress_replicas=ingress,
+        note=f"configs/gpu.yaml at {size} as shipped, two slots per model: each request "
+        "answered by both slots and through rmgate, bits compared",
+    )
+
+
 LAYOUTS: dict[str, Callable[[], Layout]] = {
     # configs/gpu.yaml's DisRM: batch_invariant and fixed_shape, each beside its off twin
     # (Qwen2-7B and Llama-3.1-8B shapes), the framework anchors first.
@@ -557,6 +586,8 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     "fixed-shape-7b-8b": lambda: _candidates_rm("7b", llama_too=True, bi_too=False),
     # The judge under fixed_shape at two token budgets beside vLLM's default engine (off).
     "judge-fixed-shape-7b": lambda: _judge_fixed_shape("7b", (512, 1024)),
+    # configs/gpu.yaml with two slots per model: each request answered by both slots.
+    "two-slots-7b": lambda: _two_slots("7b"),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
     # under `off`, the framework anchors, both ports, every answer's bits compared.
     "shipped-7b": lambda: _shipped_big("7b", "", {}),
@@ -1122,6 +1153,9 @@ class Bench:
         off = self.model_of(kind, "off", tag if off_tag is None else off_tag)
         if auto in self.slots:
             out["engine_auto"] = (engine_urls(self.engines, auto, self.slots[auto]), auto)
+            if self.slots[auto] > 1:  # each request to another slot than engine_auto's
+                urls = out["engine_auto"][0]
+                out["engine_auto_other_slot"] = (urls[1:] + urls[:1], auto)
             out["rmgate_auto"] = ([self.url], auto)
             out["rmgate_direct"] = ([self.direct_url], auto)
         if off in self.slots:

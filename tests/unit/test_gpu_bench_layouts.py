@@ -329,3 +329,14 @@ def test_candidate_layouts_keep_the_batch_invariant_engines_they_measured():
     same = {m["name"]: m for m in alone["applications"][0]["args"]["models"]}["rm-auto-fs"]
     for key in ("determinism", "engine_args", "engine_env"):
         assert same[key] == fs[key], key
+
+
+def test_two_slots_layout_answers_every_request_on_both_slots_of_the_shipped_config():
+    layout = bp.LAYOUTS["two-slots-7b"]()
+    cfg = bp.serve_config(layout, built(layout), layout.ingress_replicas)
+    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
+    assert {m["replicas"] for m in models.values()} == {2}
+    assert {m["determinism"] for m in models.values()} == {"fixed_shape"}
+    assert bp.memory_gib(layout) <= bp.memory_gib(bp.LAYOUTS["shipped-7b"]())
+    for _, kw in layout.phases:
+        assert "engine_auto_other_slot" in kw["paths"] and kw["bits"]
