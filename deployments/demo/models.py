@@ -167,7 +167,11 @@ class GpuModelShape:
     and scores are not degenerate: the bitwise checks mean something); ``dummy`` writes no
     weights and the engine runs with ``load_format: dummy`` (vLLM fills them from a fixed
     seed at start-up): the same shapes, so the same speed, without writing and hashing
-    15 GB per model."""
+    15 GB per model. vLLM's dummy weights (``[-1e-3, 1e-3]``, norms included) leave a
+    Llama classifier's score a function of its last token alone (2 distinct scores over six
+    inputs ending alike, against 6 for the Qwen2 shape: ``benchmarks/dummy_weights.py``,
+    ``benchmarks/reports/dummy_weights-2026-12-07.json``), so no batching can change it
+    and its bit checks prove nothing: the Llama shape has random weights."""
 
     name: str
     kind: str  # "generative" | "discriminative"
@@ -196,7 +200,18 @@ GPU_MODEL_SHAPES: tuple[GpuModelShape, ...] = (
     GpuModelShape("grm-7b", "generative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 8),
     GpuModelShape("rm-7b", "discriminative", 3584, 18944, 28, 28, 4, 152064, False, "dummy", 9),
     GpuModelShape(
-        "rm-8b-llama", "discriminative", 4096, 14336, 32, 32, 8, 128256, False, "dummy", 10, "llama"
+        "rm-8b-llama",
+        "discriminative",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128256,
+        False,
+        "random",
+        10,
+        "llama",
     ),
 )
 
@@ -386,13 +401,19 @@ def build_demo_models(
 #: ``disrm-large`` is the same everywhere; the two trained models are not: their float
 #: training follows the CPU's kernels (MKL and ATen pick AVX-512 or AVX2 code that sums in
 #: another order), so each kind of CPU builds its own bytes, always the same ones. Measured:
-#: the AVX-512 Intel hosts of sessions 1-10 and the AVX2-only AMD EPYC CI host of session 11.
+#: AVX-512 Intel hosts, AVX-512 Intel hosts with AMX tiles (bf16/fp16), and an AVX2-only
+#: AMD EPYC host; each built its set twice, byte for byte.
 #: A build must reproduce one whole set; a CPU kind not listed here fails the unit test,
 #: which prints the digests to add.
 DEMO_BUILDS: dict[str, dict[str, str]] = {
     "x86-64 AVX-512 (Intel Xeon)": {
         "grm": "6f383bcb1b1fd2d97edfdb517719e5986222df183210474db07e9835f9e1cefa",
         "disrm": "89c831554f8077226500f3a15207f7b130b047d70c6bf21fe8513c1ca3100b9d",
+        "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
+    },
+    "x86-64 AVX-512 with AMX (Intel Xeon, bf16/fp16 tiles)": {
+        "grm": "064d6105cc23379dda26f83c0f868497574f953bbf64443a987937257f3aa335",
+        "disrm": "02793ce084008b9e263bfedefac053916a06dc5e127a4a65f5b71201f227f5e3",
         "disrm-large": "eaa582da4ba23ec3b1da5f8849ca0dc7d54baf0fe9cade28d788622fe8439520",
     },
     "x86-64 AVX2 (AMD EPYC)": {
