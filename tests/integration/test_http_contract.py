@@ -116,9 +116,10 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
       it (it never moves to slot 0), and the answer has the same bits;
     * rm-0 under a 300-request ``RewardClient`` load: 0 lost, 0 changed, none duplicated,
       same order;
-    * rm-large-0, the wide classifier, whose prefix-cache check fails on every host: the
-      failure is remembered (deployments/engine/prefix_verdicts.py), so its slot comes
-      back on one new engine, without the cache, and says where the verdict is kept."""
+    * rm-large-0, the wide classifier, whose prefix-cache check fails on AVX-512 and AVX2
+      hosts: the failure is remembered (deployments/engine/prefix_verdicts.py), so its slot
+      comes back on one new engine, without the cache, and says where the verdict is kept
+      (where the check passed, on AVX-512 hosts with AMX, it comes back with the cache)."""
     url, _ = gateway
     body = next(
         b
@@ -180,9 +181,12 @@ def test_dead_engines_are_restarted_and_lose_change_or_duplicate_nothing(gateway
     new_large = set(engine_dir.glob("rm-large-0-*.log")) - large_logs
     assert len(new_large) == 1, sorted(p.name for p in new_large)
     (report,) = large["prefix_cache"]
-    assert report["enabled"] is False and "differ warm alone" in report["check"]["reason"]
-    assert Path(report["remembered"]["file"]).is_file(), report
-    assert "prefix_cache=on" not in large["fingerprints"][0]
+    if report["enabled"]:  # the check passed on this host: nothing to remember
+        assert report["check"]["passed"] and "prefix_cache=on" in large["fingerprints"][0]
+    else:
+        assert "differ warm alone" in report["check"]["reason"], report
+        assert Path(report["remembered"]["file"]).is_file(), report
+        assert "prefix_cache=on" not in large["fingerprints"][0]
     # where slots judge-1 and rm-large-0 run changed (new engine processes), nothing else
     # did: the fingerprints and numerics survive the restarts (same build, same model)
     new_judge, old_judge = card(new_fp, "judge")["nodes"][1], card(old_fp, "judge")["nodes"][1]
