@@ -47,13 +47,7 @@ def child(arch: str, weights: str, root: Path) -> dict[str, Any]:
         3,
         arch,
     )
-    out = root / s.name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(mg.config(s)))
-    (out / "tokenizer.json").write_text(json.dumps(mg.tokenizer_json(s.vocab_size)))
-    (out / "tokenizer_config.json").write_text(json.dumps(demo.tokenizer_config()))
-    if weights == "random":
-        mg.write_weights(s, out)
+    out = Path(mg.build_shape(root, s)["path"])
     from vllm import LLM, PoolingParams
 
     llm = LLM(

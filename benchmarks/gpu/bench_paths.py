@@ -1322,7 +1322,9 @@ class Bench:
         n_all, n_ser = self.layout.n_tp[kind]
         n = n or n_all
         all_paths = self.paths(kind, model_tag, off_tag)
-        chosen = {p: all_paths[p] for p in (paths or list(all_paths)) if p in all_paths}
+        # engine_auto_other_slot repeats engine_auto's load: only where a phase names it
+        default = [p for p in all_paths if p != "engine_auto_other_slot"]
+        chosen = {p: all_paths[p] for p in (paths or default) if p in all_paths}
         key = (
             f"throughput_{kind}"
             + (f"_{model_tag}" if model_tag else "")

@@ -154,7 +154,12 @@ def write_weights(s: demo.GpuModelShape, out: Path) -> None:
 
 def build(out_dir: Path, name: str) -> dict[str, Any]:
     """Write one model folder; returns {path, weights, params}. Reuses a complete folder."""
-    s = shape(name)
+    return build_shape(out_dir, shape(name))
+
+
+def build_shape(out_dir: Path, s: demo.GpuModelShape) -> dict[str, Any]:
+    """``build`` for a shape given whole (one not in ``GPU_MODEL_SHAPES``)."""
+    name = s.name
     out = out_dir / name
     done = out_dir / f"{name}.built"  # beside the folder: the folder's digest is the model's
     if done.is_file():
