@@ -542,32 +542,35 @@ def _judge_fixed_shape(size: str, budgets: tuple[int, ...]) -> Layout:
     )
 
 
-def _two_slots(size: str) -> Layout:
+def _two_slots(size: str, judge: bool = True) -> Layout:
     """configs/gpu.yaml's judge and DisRM as shipped (``fixed_shape``), two slots each on
     one GPU: every request answered by one slot (``engine_auto``: request i to slot
     i mod 2), by the other (``engine_auto_other_slot``) and through rmgate, every answer's
     bits compared: two slots of one numerics class answer alike. KV 1.25 / 3 GiB (the
-    footprint of ``shipped-7b``)."""
+    footprint of ``shipped-7b``). ``judge=False``: the DisRM's two slots only (half the
+    engines to start)."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "", slots=2)
     rm.kv_gib = 1.25
     grm = variant(shipped["grm"], "", slots=2)
     grm.kv_gib = 3.0
     paths = ("engine_auto", "engine_auto_other_slot", "rmgate_direct")
+    phases = [
+        _tp("rm", [256], *paths, bits=True),
+        _tp("grm", [256], *paths, bits=True),
+        _tp("rm", [1], "engine_auto_other_slot", label="c1", bits=True, n=48),
+    ]
     return Layout(
         size,
-        [rm, grm],
+        [rm, grm] if judge else [rm],
         [],
-        [
-            _tp("rm", [256], *paths, bits=True),
-            _tp("grm", [256], *paths, bits=True),
-            _tp("rm", [1], "engine_auto_other_slot", label="c1", bits=True, n=48),
-        ],
-        {"rm": (1024, 96), "grm": (1024, 12)},
+        phases if judge else [phases[0], phases[2]],
+        {"rm": (1024, 96), "grm": (1024, 12)} if judge else {"rm": (1024, 96)},
         config="configs/gpu.yaml",
         ingress_replicas=ingress,
-        note=f"configs/gpu.yaml at {size} as shipped, two slots per model: each request "
-        "answered by both slots and through rmgate, bits compared",
+        note=f"configs/gpu.yaml at {size} as shipped, two slots per "
+        + ("model" if judge else "DisRM")
+        + ": each request answered by both slots and through rmgate, bits compared",
     )
 
 
@@ -588,6 +591,7 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     "judge-fixed-shape-7b": lambda: _judge_fixed_shape("7b", (512, 1024)),
     # configs/gpu.yaml with two slots per model: each request answered by both slots.
     "two-slots-7b": lambda: _two_slots("7b"),
+    "two-slots-rm-7b": lambda: _two_slots("7b", judge=False),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
     # under `off`, the framework anchors, both ports, every answer's bits compared.
     "shipped-7b": lambda: _shipped_big("7b", "", {}),
@@ -1712,7 +1716,18 @@ class Bench:
 
                 cards = httpx.get(url + "/v1/models", timeout=60).json()["data"]
                 self.report["models"] = [
-                    {k: c.get(k) for k in ("id", "determinism", "selftest", "fingerprints")}
+                    {
+                        k: c.get(k)
+                        for k in (
+                            "id",
+                            "determinism",
+                            "selftest",
+                            "fingerprints",
+                            # did the probe digests tell the slots apart
+                            "numerics_classes",
+                            "drained",
+                        )
+                    }
                     for c in cards
                 ]
                 log(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.engine.fault import SLOT_ENV
-from deployments.engine.fixed_shape import HEAD_ROWS_ENV, ONE_SPLIT_ENV
+from deployments.engine.fixed_shape import HEAD_ROWS_ENV, INDUCTOR_DETERMINISTIC, ONE_SPLIT_ENV
 from deployments.engine.guard import SECRET_ENV
 from deployments.engine.vllm_server import SPIN_ENV
 from gateway.core.config.settings import DEFAULT_MAX_MODEL_LEN, ModelSpec, normalize_engine_args  # noqa: F401
@@ -89,6 +89,9 @@ class EnginePlan:
     #: row count (part of the numerics identity: they choose the kernels), else None.
     step_tokens: int | None = None
     head_rows: int | None = None
+    #: ``fixed_shape``: the Inductor settings every compiled graph gets (part of the
+    #: numerics identity: they choose the reductions' kernels), else None.
+    inductor: dict[str, Any] | None = None
 
 
 class PolicyError(ValueError):
@@ -322,6 +325,9 @@ def plan_engine(
             )
         # one captured size, the budget: every step (never more tokens) runs at that shape
         compilation.update(cudagraph_capture_sizes=[budget], max_cudagraph_capture_size=budget)
+        # no kernel picked by timing it: two engines would keep different reduction orders
+        inductor = dict(compilation.get("inductor_compile_config") or {})
+        compilation["inductor_compile_config"] = {**inductor, **INDUCTOR_DETERMINISTIC}
         env[HEAD_ROWS_ENV] = str(seqs)
         # FA3 in one split: its split count otherwise follows the step's neighbours
         env[ONE_SPLIT_ENV] = "1"
@@ -383,4 +389,7 @@ def plan_engine(
         sleep_mode=sleep_mode,
         step_tokens=int(options["max_num_batched_tokens"]) if mode == "fixed_shape" else None,
         head_rows=int(options["max_num_seqs"]) if mode == "fixed_shape" else None,
+        inductor=options["compilation_config"]["inductor_compile_config"]
+        if mode == "fixed_shape"
+        else None,
     )

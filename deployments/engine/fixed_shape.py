@@ -23,6 +23,16 @@ is reduced in another order when it shares a small step with a long neighbour.
 ``VLLM_BATCH_INVARIANT``: one split and no AOT plan, with the standard matmul kernels left
 as they are (``one_split_attention``).
 
+The third is torch.compile. vLLM compiles the model with Inductor, which generates the
+norms' and other reductions' Triton kernels with several tilings and keeps the one that
+timed fastest on the device when the engine first ran them (its autotuner). A tiling is a
+reduction order, and the timing is noise: two engines of one configuration, started apart,
+kept different tilings and answered 116 of 1,024 DisRM requests and 31 of 1,024 judge
+requests with other bits on one H100 (benchmarks/gpu/results/h100-2026-12-07d-two-slots-7b).
+Within one engine nothing moves, so the start-up self-test passes on each. Inductor's own
+deterministic mode (``INDUCTOR_DETERMINISTIC``) picks every reduction's tiling by a fixed
+rule instead of a timing, and vLLM's combo kernels (tuned by timing too) are left off.
+
 Applied at import by ``deployments.engine.vllm_server`` (engine processes vLLM forks
 inherit it; spawned ones import that module again as their main).
 """
@@ -37,6 +47,9 @@ from typing import Any
 HEAD_ROWS_ENV = "RMGATE_FIXED_HEAD_ROWS"
 #: ``1``: vLLM's FlashAttention backend runs every sequence in one split (unset: untouched).
 ONE_SPLIT_ENV = "RMGATE_ATTENTION_ONE_SPLIT"
+#: Inductor settings (vLLM's ``compilation_config.inductor_compile_config``, applied to
+#: every graph it compiles) under which no kernel is chosen by timing it on the device.
+INDUCTOR_DETERMINISTIC: dict[str, bool] = {"deterministic": True, "benchmark_combo_kernel": False}
 #: Head calls made padded in this process (what a probe reads to know the patch ran).
 CALLS = [0]
 

@@ -47,7 +47,17 @@ CAPACITY_ARGS = frozenset(
     }
 )
 #: Environment prefixes that can change kernels, and names among them that cannot.
-KERNEL_ENV_PREFIXES = ("VLLM_", "NCCL_", "CUBLAS", "TORCH_", "OMP_", "MKL_", "CUDA_", "TRITON_")
+KERNEL_ENV_PREFIXES = (
+    "VLLM_",
+    "NCCL_",
+    "CUBLAS",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "OMP_",
+    "MKL_",
+    "CUDA_",
+    "TRITON_",
+)
 NON_NUMERIC_ENV = frozenset(
     {
         "VLLM_CPU_KVCACHE_SPACE",
@@ -155,6 +165,7 @@ def slot_identity(
         identity["step_tokens"] = plan.step_tokens
         identity["head_rows"] = plan.head_rows
         identity["attention_splits"] = 1 if plan.env.get(ONE_SPLIT_ENV) == "1" else None
+        identity["inductor"] = plan.inductor
     if platform.device == "cuda":
         identity["compute_capability"] = list(platform.compute_capability or ())
         identity["driver"] = _gpu_driver()

@@ -13,6 +13,7 @@ import pytest
 from deployments.engine.args import Platform, PolicyError, plan_engine, resolve_mode
 from deployments.engine.fixed_shape import (
     HEAD_ROWS_ENV,
+    INDUCTOR_DETERMINISTIC,
     ONE_SPLIT_ENV,
     SplitsAsBatchInvariant,
     one_split_attention,
@@ -56,6 +57,7 @@ def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences(
     assert json.loads(opts["compilation-config"]) == {
         "cudagraph_capture_sizes": [8192],
         "max_cudagraph_capture_size": 8192,
+        "inductor_compile_config": INDUCTOR_DETERMINISTIC,
     }
     assert opts["max-num-batched-tokens"] == "8192" and opts["max-num-seqs"] == "256"
     assert opts["attention-backend"] == "FLASH_ATTN" and plan.attention_backend == "FLASH_ATTN"
@@ -68,7 +70,11 @@ def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences(
             engine_args={
                 "max_num_batched_tokens": 4096,
                 "max_num_seqs": 64,
-                "compilation_config": {"cudagraph_capture_sizes": [1, 2], "mode": 3},
+                "compilation_config": {
+                    "cudagraph_capture_sizes": [1, 2],
+                    "mode": 3,
+                    "inductor_compile_config": {"deterministic": False, "max_autotune": False},
+                },
                 "attention_backend": "TRITON_ATTN",
             }
         ),
@@ -76,10 +82,12 @@ def test_every_step_is_padded_to_the_token_budget_and_the_head_to_the_sequences(
         port=9,
     )
     opts = options(mine)
+    # the user's Inductor keys stay, but no kernel is chosen by timing it
     assert json.loads(opts["compilation-config"]) == {
         "cudagraph_capture_sizes": [4096],
         "max_cudagraph_capture_size": 4096,
         "mode": 3,
+        "inductor_compile_config": {"max_autotune": False, **INDUCTOR_DETERMINISTIC},
     }
     assert opts["attention-backend"] == "TRITON_ATTN" and mine.env[HEAD_ROWS_ENV] == "64"
     assert mine.args.count("--compilation-config") == 1 and mine.max_inflight == 64
@@ -123,6 +131,10 @@ def test_its_own_class_and_the_shape_is_part_of_it():
     fixed = identity(spec())
     assert fixed["mode"] == "fixed_shape" and fixed["step_tokens"] == 8192
     assert fixed["attention_splits"] == 1
+    # kernels chosen by a fixed rule, not by timing: a slot that tunes by timing is another
+    # class, and so is one with Inductor's environment changed
+    assert fixed["inductor"] == INDUCTOR_DETERMINISTIC
+    assert identity(spec(engine_env={"TORCHINDUCTOR_DETERMINISTIC": "0"})) != fixed
     assert identity(spec(determinism="batch_invariant")) != fixed
     assert "step_tokens" not in identity(spec(determinism="batch_invariant"))
     # a budget is a capacity knob elsewhere; here it is the shape the kernels see
