@@ -270,3 +270,13 @@ def test_the_server_module_pads_vllms_head_in_the_engine_processes():
     )
     assert unset.stdout.strip() == "None None False", unset.stderr[-2000:]
     assert padded.stdout.strip() == "256 256 True", padded.stderr[-2000:]
+
+
+def test_the_inductor_settings_are_real_inductor_options():
+    """vLLM hands ``inductor_compile_config`` to Inductor as config patches, and Inductor
+    raises on a name it does not have: a misspelt key would stop every fixed_shape engine
+    at its first compile (or, patched loosely, leave the timed tilings on)."""
+    import torch._inductor.config as inductor
+
+    with inductor.patch(INDUCTOR_DETERMINISTIC):
+        assert inductor.deterministic is True and inductor.benchmark_combo_kernel is False
