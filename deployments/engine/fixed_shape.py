@@ -26,8 +26,8 @@ as they are (``one_split_attention``).
 The third is torch.compile. vLLM compiles the model with Inductor, which generates the
 norms' and other reductions' Triton kernels with several tilings and keeps the one that
 timed fastest on the device when the engine first ran them (its autotuner). A tiling is a
-reduction order, and the timing is noise: two engines of one configuration, started apart
-and each with its own compile cache, answered 116 of 1,024 DisRM requests and 31 of 1,024
+reduction order, and the timing is noise: two engines of one configuration on one GPU,
+each with its own compile cache, answered 116 of 1,024 DisRM requests and 31 of 1,024
 judge requests with other bits on one H100 (the timed pick is the likely cause:
 benchmarks/gpu/results/h100-2026-12-07d-two-slots-7b). Within one engine nothing moves, so
 the start-up self-test passes on each. Inductor's own deterministic mode
