@@ -542,15 +542,24 @@ def _judge_fixed_shape(size: str, budgets: tuple[int, ...]) -> Layout:
     )
 
 
-def _two_slots(size: str, judge: bool = True) -> Layout:
+def _two_slots(size: str, judge: bool = True, batch_invariant: bool = False) -> Layout:
     """configs/gpu.yaml's judge and DisRM as shipped (``fixed_shape``), two slots each on
     one GPU: every request answered by one slot (``engine_auto``: request i to slot
     i mod 2), by the other (``engine_auto_other_slot``) and through rmgate, every answer's
     bits compared: two slots of one numerics class answer alike. KV 1.25 / 3 GiB (the
     footprint of ``shipped-7b``). ``judge=False``: the DisRM's two slots only (half the
-    engines to start)."""
+    engines to start). ``batch_invariant``: the DisRM as shipped before ``fixed_shape``
+    (TRITON_ATTN, a 32k-token step), whose RMSNorm vLLM also hands to Inductor."""
     shipped, ingress = shipped_models("configs/gpu.yaml")
     rm = variant(shipped["rm"], "", slots=2)
+    if batch_invariant:
+        rm = variant(
+            rm,
+            "",
+            mode="batch_invariant",
+            attention_backend="TRITON_ATTN",
+            max_num_batched_tokens=32768,
+        )
     rm.kv_gib = 1.25
     grm = variant(shipped["grm"], "", slots=2)
     grm.kv_gib = 3.0
@@ -592,6 +601,7 @@ LAYOUTS: dict[str, Callable[[], Layout]] = {
     # configs/gpu.yaml with two slots per model: each request answered by both slots.
     "two-slots-7b": lambda: _two_slots("7b"),
     "two-slots-rm-7b": lambda: _two_slots("7b", judge=False),
+    "two-slots-bi-rm-7b": lambda: _two_slots("7b", judge=False, batch_invariant=True),
     # configs/gpu.yaml: the 7B DisRM and judge as shipped, each beside the same engine
     # under `off`, the framework anchors, both ports, every answer's bits compared.
     "shipped-7b": lambda: _shipped_big("7b", "", {}),

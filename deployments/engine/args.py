@@ -313,6 +313,14 @@ def plan_engine(
                 f"(max_num_batched_tokens {budget}) of at least max_num_seqs ({seqs}): a "
                 "step holds one token of every sequence it decodes"
             )
+        dotted = sorted(k for k in user if k.startswith("compilation_config."))
+        if dotted:
+            raise PolicyError(
+                f"model {spec.name!r}: determinism 'fixed_shape' sets the compilation config "
+                f"(one captured size, Inductor's deterministic mode); give {dotted[0]!r} "
+                "inside engine_args.compilation_config instead, where it is merged, not as a "
+                "dotted key, which would replace the whole config"
+            )
         compilation = dict(user.get("compilation_config") or {})
         if user.get("enforce_eager") or str(compilation.get("cudagraph_mode", "")).upper() in (
             "NONE",

@@ -116,6 +116,7 @@ def test_a_judge_steps_at_a_small_budget_and_its_lm_head_at_the_sequences():
         ({"kind": "generative", "engine_args": {"max_num_seqs": 2048}}, H100, "at least"),
         ({}, CPU, "CUDA"),
         ({"engine_args": {"enforce_eager": True}}, H100, "enforce_eager"),
+        ({"engine_args": {"compilation_config.mode": 0}}, H100, "dotted key"),
         ({"engine_args": {"compilation_config": {"cudagraph_mode": "NONE"}}}, H100, "cudagraph"),
     ],
 )
