@@ -34,18 +34,18 @@ def child(arch: str, weights: str, root: Path) -> dict[str, Any]:
     from deployments.demo import models as demo
 
     s = demo.GpuModelShape(
-        f"small-{arch}-{weights}",
-        "discriminative",
-        512,
-        1024,
-        4,
-        8,
-        2,
-        1024,
-        False,
-        weights,
-        3,
-        arch,
+        name=f"small-{arch}-{weights}",
+        kind="discriminative",
+        hidden_size=512,
+        intermediate_size=1024,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+        vocab_size=1024,
+        tie_word_embeddings=False,
+        weights=weights,
+        seed=3,
+        arch=arch,
     )
     out = Path(mg.build_shape(root, s)["path"])
     from vllm import LLM, PoolingParams

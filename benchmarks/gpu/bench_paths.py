@@ -561,20 +561,21 @@ def _two_slots(size: str, judge: bool = True, batch_invariant: bool = False) -> 
             max_num_batched_tokens=32768,
         )
     rm.kv_gib = 1.25
-    grm = variant(shipped["grm"], "", slots=2)
-    grm.kv_gib = 3.0
     paths = ("engine_auto", "engine_auto_other_slot", "rmgate_direct")
-    phases = [
-        _tp("rm", [256], *paths, bits=True),
-        _tp("grm", [256], *paths, bits=True),
-        _tp("rm", [1], "engine_auto_other_slot", label="c1", bits=True, n=48),
-    ]
+    models, phases, n_tp = [rm], [_tp("rm", [256], *paths, bits=True)], {"rm": (1024, 96)}
+    if judge:
+        grm = variant(shipped["grm"], "", slots=2)
+        grm.kv_gib = 3.0
+        models.append(grm)
+        phases.append(_tp("grm", [256], *paths, bits=True))
+        n_tp["grm"] = (1024, 12)
+    phases.append(_tp("rm", [1], "engine_auto_other_slot", label="c1", bits=True, n=48))
     return Layout(
         size,
-        [rm, grm] if judge else [rm],
+        models,
         [],
-        phases if judge else [phases[0], phases[2]],
-        {"rm": (1024, 96), "grm": (1024, 12)} if judge else {"rm": (1024, 96)},
+        phases,
+        n_tp,
         config="configs/gpu.yaml",
         ingress_replicas=ingress,
         note=f"configs/gpu.yaml at {size} as shipped, two slots per "
